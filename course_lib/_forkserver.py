@@ -1,0 +1,233 @@
+"""A fork server with torch preloaded, so a launch costs a fork, not a torch import (see DESIGN.md, runtime contract).
+
+Why our own instead of ``multiprocessing``'s forkserver: its children re-import the parent's ``__main__``
+(``ipykernel_launcher`` in a notebook, i.e. all of IPython) on every launch, it gives no hook to set up each
+child's file descriptors before user code runs, and its internals changed in Python 3.14. This one is small:
+the kernel sends "fork a rank with these fds and this payload" over a Unix socket; the server forks, reports the
+child's pid, and later the child's exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+_HEADER = struct.Struct("!I")
+_MAX_FDS = 8
+
+
+def _send(sock: socket.socket, obj, fds=()) -> None:
+    data = pickle.dumps(obj)
+    msg = _HEADER.pack(len(data)) + data
+    if fds:
+        sent = socket.send_fds(sock, [msg], list(fds))
+    else:
+        sent = sock.send(msg)
+    if sent < len(msg):
+        sock.sendall(msg[sent:])
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket):
+    """One framed message and the fds that came with its first bytes; (None, []) at EOF."""
+    head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    if not head:
+        return None, []
+    if len(head) < _HEADER.size:
+        rest = _recv_exact(sock, _HEADER.size - len(head))
+        if rest is None:
+            return None, fds
+        head += rest
+    (n,) = _HEADER.unpack(head)
+    body = _recv_exact(sock, n)
+    return (None if body is None else pickle.loads(body)), fds
+
+
+# ---------------------------------------------------------------- server side (its own process)
+
+
+def serve(sock_fd: int) -> None:
+    """Main loop of the server process: preload torch, then fork one child per request."""
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        import cloudpickle  # noqa: F401  (preloaded so children do not pay for it)
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+
+        from course_lib import _rank_main
+    except BaseException as exc:  # tell the kernel why we cannot serve, then leave
+        _send(sock, ("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    # The lifeline: every child holds the read end; when this server dies (because the kernel died and closed
+    # our socket), the children read EOF and exit, so no rank outlives its notebook.
+    life_r, life_w = os.pipe()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the kernel is not for us
+    _send(sock, ("ready", os.getpid()))
+    while True:
+        try:
+            readable, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in readable:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        _reap(sock)
+        if sock in readable:
+            msg, fds = _recv(sock)
+            if msg is None:
+                break
+            pid = os.fork()
+            if pid == 0:
+                code = 70
+                try:
+                    signal.set_wakeup_fd(-1)
+                    for sig in (signal.SIGCHLD, signal.SIGINT):
+                        signal.signal(sig, signal.SIG_DFL)
+                    for fd in (wake_r, wake_w, life_w):
+                        os.close(fd)
+                    sock.close()
+                    code = _rank_main.main(msg, fds, life_r)
+                finally:
+                    os._exit(code)
+            for fd in fds:
+                os.close(fd)
+            _send(sock, ("pid", msg.get("request"), pid))
+            _reap(sock)
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
+
+
+# ---------------------------------------------------------------- kernel side
+
+
+class ForkServer:
+    """The kernel's handle on the server process: spawn ranks, learn their pids and exit codes."""
+
+    def __init__(self, start_timeout: float = 120.0):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", f"from course_lib._forkserver import serve; serve({theirs.fileno()})"],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # a terminal's Ctrl-C goes to the kernel, which then stops the ranks itself
+        )
+        theirs.close()
+        self.sock = ours
+        self.exits: dict[int, int] = {}
+        self._pids: dict[int, int] = {}
+        self._next_request = 0
+        self.lock = threading.RLock()
+        ready, _, _ = select.select([ours], [], [], start_timeout)
+        msg = _recv(ours)[0] if ready else None
+        if not msg or msg[0] != "ready":
+            self.close()
+            why = msg[1] if msg else f"it did not answer within {start_timeout:.0f} s"
+            raise RuntimeError(f"could not start the rank server: {why}")
+        self.started = time.time()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def spawn(self, payload: dict, fds: list[int]) -> int:
+        """Fork one rank; returns its pid."""
+        request = self._next_request
+        self._next_request += 1
+        _send(self.sock, dict(payload, request=request), fds)
+        while request not in self._pids:
+            if not self.pump(timeout=30.0):
+                raise RuntimeError("the rank server stopped answering while starting a rank")
+        return self._pids.pop(request)
+
+    def pump(self, timeout: float = 0.0) -> bool:
+        """Read every message waiting (pids, exit codes); False if the server is gone."""
+        wait = timeout
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if not ready:
+                return True
+            msg, _ = _recv(self.sock)
+            if msg is None:
+                return False
+            if msg[0] == "pid":
+                self._pids[msg[1]] = msg[2]
+            elif msg[0] == "exit":
+                self.exits[msg[1]] = msg[2]
+            wait = 0.0
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+
+
+_server: ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def get_server() -> ForkServer:
+    """The kernel's one server, started on first use and restarted if it died."""
+    global _server
+    with _server_lock:
+        if _server is None or not _server.alive():
+            if _server is not None:
+                _server.close()
+            _server = ForkServer()
+        return _server
+
+
+def shutdown() -> None:
+    """Stop the server (its ranks die with it through the lifeline)."""
+    global _server
+    with _server_lock:
+        if _server is not None:
+            _server.close()
+            _server = None

@@ -1,0 +1,1 @@
+"""Benchmarks the course keeps: `python -m course_lib bench ...`."""

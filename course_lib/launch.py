@@ -1,0 +1,347 @@
+"""run(fn, world_size): start real torch.distributed ranks from a notebook cell and bring back what they return.
+
+The runtime contract is in ../shared/DESIGN.md; notebooks/00_start_here.ipynb teaches it. This module knows
+nothing about any lesson: it launches, streams each rank's output into the cell, and stops every rank as soon as
+one fails, is interrupted, or runs out of time.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+from ._forkserver import get_server
+from .devices import LaunchError, plan
+from .results import RankFailed, RankFailure, RankTimeout, RunResult, resolve_frames
+
+_LEN = struct.Struct("!Q")
+STOP_GRACE_S = 0.3  # after a first failure, how long peers may still report their own error before being stopped
+TERM_TO_KILL_S = 1.0  # SIGTERM, then SIGKILL this much later (a rank blocked in C++ may ignore gentler signals)
+
+
+def _loopback_ifname() -> str | None:
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+class _Rank:
+    """The kernel's view of one rank process: its pipes, what it printed, how it ended."""
+
+    def __init__(self, rank: int, pid: int, out_r: int, err_r: int, res_r: int):
+        self.rank, self.pid = rank, pid
+        self.fds = {"out": out_r, "err": err_r, "res": res_r}
+        self.open = set(self.fds)
+        self.text = {"out": [], "err": []}
+        self.partial = {"out": b"", "err": b""}
+        self.res = b""
+        self.exit: int | None = None
+        self.exit_seen = 0.0
+        self.stopped_by_us = False
+
+    def done(self, now: float) -> bool:
+        return self.exit is not None and (not self.open or now - self.exit_seen > 1.0)
+
+    def result(self) -> dict | None:
+        if len(self.res) < _LEN.size:
+            return None
+        (n,) = _LEN.unpack_from(self.res)
+        if len(self.res) < _LEN.size + n:
+            return None
+        import pickle
+
+        return pickle.loads(self.res[_LEN.size : _LEN.size + n])
+
+    def tail(self, kind: str, lines: int = 12) -> str:
+        text = "".join(self.text[kind]).rstrip("\n")
+        return "\n".join(text.split("\n")[-lines:]) if text else ""
+
+
+class _Launch:
+    def __init__(self, server, the_plan, fn_bytes: bytes, timeout: float, check_collectives: bool, init: bool,
+                 output: str):
+        self.server, self.plan, self.fn_bytes = server, the_plan, fn_bytes
+        self.timeout, self.check, self.init, self.output = timeout, check_collectives, init, output
+        self.fn = None  # set by run(): lets a traceback show the source lines of notebook cells
+        self.ranks: list[_Rank] = []
+        self.failures: list[RankFailure] = []
+        self.still_running_at_failure: list[int] = []
+
+    # ------------------------------------------------------------ start
+    def _env(self, rank: int, port: int | None, threads: int) -> dict:
+        env = dict(os.environ)
+        n = self.plan.world_size
+        if port is not None:
+            env["MASTER_PORT"] = str(port)
+        env.update(
+            MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(n),
+            LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", OMP_NUM_THREADS=str(threads),
+            # With this set, dist.init_process_group("env://") on every rank connects to our store as a client,
+            # exactly as under torchrun, so a learner may also initialise the group in the cell (init=False).
+            TORCHELASTIC_USE_AGENT_STORE="True", COURSE_DEVICE=self.plan.devices[rank],
+        )
+        if self.check:
+            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        lo = _loopback_ifname()
+        if lo and self.plan.backend == "gloo":
+            env.setdefault("GLOO_SOCKET_IFNAME", lo)  # one machine: no need to resolve the hostname
+        return env
+
+    def start(self, store_file: str, store_port: int | None) -> None:
+        n = self.plan.world_size
+        threads = max(1, (os.cpu_count() or 1) // n)
+        for rank in range(n):
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            res_r, res_w = os.pipe()
+            payload = {
+                "rank": rank, "local_rank": rank, "world_size": n, "backend": self.plan.backend,
+                "store_file": store_file, "timeout": self.timeout,
+                "init": self.init, "threads": threads, "fn": self.fn_bytes,
+                "env": self._env(rank, store_port, threads), "cwd": os.getcwd(), "sys_path": list(sys.path),
+            }
+            try:
+                pid = self.server.spawn(payload, [out_w, err_w, res_w])
+            except BaseException:
+                for fd in (out_r, err_r, res_r):
+                    os.close(fd)
+                raise
+            finally:
+                for fd in (out_w, err_w, res_w):
+                    os.close(fd)
+            self.ranks.append(_Rank(rank, pid, out_r, err_r, res_r))
+
+    # ------------------------------------------------------------ watch
+    def _emit(self, rp: _Rank, kind: str, data: bytes, final: bool = False) -> None:
+        buf = rp.partial[kind] + data
+        *lines, rest = buf.split(b"\n")
+        if final and rest:
+            lines, rest = [*lines, rest], b""
+        rp.partial[kind] = rest
+        live = self.output == "live"
+        stream = sys.stdout if kind == "out" else sys.stderr
+        for raw in lines:
+            line = raw.decode("utf-8", "replace")
+            rp.text[kind].append(line + "\n")
+            if live:
+                stream.write(f"[rank {rp.rank}] {line}\n")
+        if lines and live:
+            stream.flush()
+
+    def print_grouped(self) -> None:
+        """Each rank's output after the run, in rank order: deterministic, easier to read for short demos."""
+        for rp in self.ranks:
+            for kind, stream in (("out", sys.stdout), ("err", sys.stderr)):
+                for line in rp.text[kind]:
+                    stream.write(f"[rank {rp.rank}] {line}")
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+    def _read(self, sel, key) -> None:
+        rp, kind = key.data
+        try:
+            data = os.read(key.fd, 65536)
+        except BlockingIOError:
+            return
+        if data:
+            if kind == "res":
+                rp.res += data
+            else:
+                self._emit(rp, kind, data)
+            return
+        sel.unregister(key.fd)
+        rp.open.discard(kind)
+        if kind != "res":
+            self._emit(rp, kind, b"", final=True)
+
+    def _note_exits(self, now: float) -> None:
+        for rp in self.ranks:
+            if rp.exit is None and rp.pid in self.server.exits:
+                rp.exit = self.server.exits.pop(rp.pid)
+                rp.exit_seen = now
+
+    def _judge(self, rp: _Rank) -> RankFailure | None:
+        res = rp.result()
+        if res is not None and not res["ok"]:
+            return RankFailure(rp.rank, "raised", res["message"], res["time"], etype=res["etype"],
+                               frames=res.get("frames", []), traceback=res["traceback"],
+                               stderr_tail=rp.tail("err"))
+        if rp.stopped_by_us and rp.exit in (-signal.SIGTERM, -signal.SIGKILL):
+            return None  # we ended it; a SIGABRT or SIGSEGV that beat our signal still counts as a failure
+        if rp.exit is not None and rp.exit < 0:
+            return RankFailure(rp.rank, "signal", "", rp.exit_seen, exitcode=rp.exit, stderr_tail=rp.tail("err"))
+        if rp.exit is not None and (rp.exit != 0 or res is None):
+            why = f"exited with code {rp.exit}" + ("" if res else " without returning a result")
+            return RankFailure(rp.rank, "exit", why, rp.exit_seen, exitcode=rp.exit, stderr_tail=rp.tail("err"))
+        return None
+
+    def _signal(self, sig: int) -> None:
+        for rp in self.ranks:
+            if rp.exit is None:
+                rp.stopped_by_us = True
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(rp.pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+    def watch(self) -> None:
+        sel = selectors.DefaultSelector()
+        for rp in self.ranks:
+            for kind, fd in rp.fds.items():
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ, (rp, kind))
+        sel.register(self.server.fileno(), selectors.EVENT_READ, None)
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout + 5.0  # the process-group timeout fires first and names the collective
+        stop_at = kill_at = None
+        judged: set[int] = set()
+        try:
+            while True:
+                now = time.monotonic()
+                if stop_at is None and now > deadline:
+                    return self._timed_out()
+                if stop_at is not None and now >= stop_at:
+                    self._signal(signal.SIGTERM)
+                    stop_at, kill_at = float("inf"), now + TERM_TO_KILL_S
+                if kill_at is not None and now >= kill_at:
+                    self._signal(signal.SIGKILL)
+                    kill_at = float("inf")
+                for key, _ in sel.select(timeout=0.05):
+                    if key.data is None:
+                        if not self.server.pump(0):
+                            raise RuntimeError("the rank server died; run the cell again to restart it")
+                    else:
+                        self._read(sel, key)
+                now = time.monotonic()
+                self._note_exits(now)
+                for rp in self.ranks:
+                    if rp.rank in judged or not rp.done(now):
+                        continue
+                    judged.add(rp.rank)
+                    failure = self._judge(rp)
+                    if failure:
+                        if not self.failures:
+                            self.still_running_at_failure = [r.rank for r in self.ranks if r.exit is None]
+                            stop_at = now + STOP_GRACE_S
+                        self.failures.append(failure)
+                if all(rp.done(now) for rp in self.ranks):
+                    return None
+        finally:
+            sel.close()
+
+    def _timed_out(self):
+        finished = [rp.rank for rp in self.ranks if rp.exit is not None]
+        unfinished = [rp.rank for rp in self.ranks if rp.exit is None]
+        tails = {r: self.ranks[r].tail("out", 5) for r in unfinished}
+        return RankTimeout(self.timeout, unfinished, finished, tails)
+
+    # ------------------------------------------------------------ stop
+    def stop(self) -> None:
+        """End every rank still running, SIGTERM then SIGKILL, and wait until the server has reaped them."""
+        if all(rp.exit is not None for rp in self.ranks):
+            return
+        steps = [(signal.SIGTERM, TERM_TO_KILL_S), (signal.SIGKILL, 5.0)]
+        for sig, wait in steps:
+            self._signal(sig)
+            end = time.monotonic() + wait
+            while time.monotonic() < end and any(rp.exit is None for rp in self.ranks):
+                try:
+                    self.server.pump(0.05)
+                except KeyboardInterrupt:
+                    break  # a second interrupt: go straight to SIGKILL
+                self._note_exits(time.monotonic())
+            if all(rp.exit is not None for rp in self.ranks):
+                return
+
+    def close(self) -> None:
+        for rp in self.ranks:
+            for fd in rp.fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def outcome(self, wall: float) -> RunResult:
+        if self.failures:
+            first = min(self.failures, key=lambda f: (f.consequence, f.time))
+            others = [f for f in self.failures if f is not first]
+            for f in self.failures:
+                f.frames = resolve_frames(f.frames, self.fn)
+            raise RankFailed(first, others, [r for r in self.still_running_at_failure if r != first.rank])
+        results = [rp.result() for rp in self.ranks]
+        return RunResult(
+            values=[r["value"] for r in results],
+            stdout=["".join(rp.text["out"]) for rp in self.ranks],
+            stderr=["".join(rp.text["err"]) for rp in self.ranks],
+            times=[r["times"] for r in results],
+            memory=[r.get("memory", {}) for r in results],
+            backend=self.plan.backend,
+            devices=self.plan.devices,
+            wall_s=wall,
+        )
+
+
+def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto", timeout: float = 60.0,
+        check_collectives: bool = False, init: bool = True, output: str = "live") -> RunResult:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return a RunResult (notebooks/00_start_here.ipynb).
+
+    ``init=True`` initialises the default process group first (gloo on CPU or NCCL on ``cuda:rank``) and destroys
+    it after. ``check_collectives=True`` is the teaching mode: TORCH_DISTRIBUTED_DEBUG=DETAIL makes a collective
+    whose op, shape or dtype differ across ranks fail on every rank instead of hanging or returning garbage.
+    ``timeout`` bounds every collective and the whole launch, in seconds. ``output``: "live" streams every
+    rank's lines into the cell as they come (interleaved, as ranks really run), "grouped" prints them after the
+    run in rank order, "none" only keeps them in the result.
+    """
+    if not callable(fn):
+        raise LaunchError(f"run() needs a function to run on every rank; got {type(fn).__name__} {fn!r}.")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise LaunchError(f"timeout must be a positive number of seconds, like 30; got {timeout!r}.")
+    if output not in ("live", "grouped", "none"):
+        raise LaunchError(f"output must be 'live', 'grouped' or 'none'; got {output!r}.")
+    the_plan = plan(backend, world_size)
+    import cloudpickle
+
+    try:
+        fn_bytes = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    except Exception as exc:
+        raise LaunchError(
+            f"Could not send {getattr(fn, '__name__', 'the function')} and its arguments to the ranks ({exc}). "
+            "Pass data the ranks can receive (tensors, numbers, lists), and open files or sockets inside the function."
+        ) from None
+
+    import torch.distributed as dist
+
+    server = get_server()
+    with server.lock:
+        launch = _Launch(server, the_plan, fn_bytes, float(timeout), check_collectives, init, output)
+        launch.fn = fn
+        # The launcher's own rendezvous is a file in a private temporary folder: no port to collide with another
+        # kernel or student, and none of the 5 s client-connect stalls we measured with TCPStore on this build
+        # machine (about one connect in 25). env:// (init=False) gets a TCPStore hosted here on a port the OS picks.
+        rdzv = tempfile.mkdtemp(prefix="course_lib-rdzv-")
+        store = None
+        if not init:
+            store = dist.TCPStore("127.0.0.1", 0, the_plan.world_size, True, timedelta(seconds=timeout),
+                                  wait_for_workers=False)
+        t0 = time.perf_counter()
+        try:
+            launch.start(os.path.join(rdzv, "store"), store.port if store else None)
+            timed_out = launch.watch()
+        finally:
+            launch.stop()
+            launch.close()
+            del store
+            shutil.rmtree(rdzv, ignore_errors=True)
+            if output == "grouped":
+                launch.print_grouped()
+        if timed_out is not None:
+            raise timed_out
+        return launch.outcome(time.perf_counter() - t0)
