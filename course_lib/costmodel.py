@@ -1,0 +1,162 @@
+"""The alpha-beta(-gamma) cost model of collectives, and a fit of alpha and beta from measured times (notebooks 06-07).
+
+alpha = seconds per message (latency), beta = seconds per byte on one link in one direction (1 / bandwidth),
+gamma = seconds per byte to reduce (add) locally, p = ranks, n = bytes of the whole tensor on each rank.
+
+Formulas: Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in MPICH",
+IJHPCA 19(1), 2005 (sections 4.4-4.6); Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+workstations", JPDC 69(2), 2009 (ring); Jiang et al., "A Unified Architecture for Accelerating Distributed DNN
+Training in Heterogeneous GPU/CPU Clusters" (BytePS), OSDI 2020, section 3 (PS vs all-reduce).
+Every function returns seconds; ``lg`` is log2 rounded up, the number of rounds a tree or doubling needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+
+def lg(p: int) -> int:
+    """Rounds of a binomial tree / recursive doubling over p ranks: ceil(log2 p) (0 for one rank)."""
+    if p < 1:
+        raise ValueError(f"p must be >= 1, got {p}")
+    return (p - 1).bit_length()
+
+
+def ring_reduce_scatter(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Ring reduce-scatter: (p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma (Thakur et al. 2005; Patarasuk & Yuan 2009)."""
+    return (p - 1) * alpha + (p - 1) / p * n_bytes * (beta + gamma)
+
+
+def ring_all_gather(p: int, n_bytes: float, alpha: float, beta: float) -> float:
+    """Ring all-gather of a result of n bytes: (p-1) alpha + (p-1)/p n beta (Thakur et al. 2005, section 4.1)."""
+    return (p - 1) * alpha + (p - 1) / p * n_bytes * beta
+
+
+def ring_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Ring all-reduce = ring reduce-scatter + ring all-gather: 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma.
+
+    Patarasuk & Yuan 2009 (bandwidth-optimal: every rank must send at least 2(p-1)/p n bytes); Baidu ring.
+    """
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta + (p - 1) / p * n_bytes * gamma
+
+
+def recursive_doubling_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Recursive doubling all-reduce: lg p alpha + n lg p beta + n lg p gamma (Thakur et al. 2005, section 4.5)."""
+    k = lg(p)
+    return k * alpha + n_bytes * k * (beta + gamma)
+
+
+def rabenseifner_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Reduce-scatter by recursive halving + all-gather by recursive doubling (Rabenseifner; Thakur et al. 2005).
+
+    2 lg p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma (exact for p a power of two).
+    """
+    return 2 * lg(p) * alpha + 2 * (p - 1) / p * n_bytes * beta + (p - 1) / p * n_bytes * gamma
+
+
+def binomial_reduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Binomial-tree reduce to one root: lg p (alpha + n beta + n gamma) (Thakur et al. 2005, section 4.4)."""
+    return lg(p) * (alpha + n_bytes * (beta + gamma))
+
+
+def binomial_broadcast(p: int, n_bytes: float, alpha: float, beta: float) -> float:
+    """Binomial-tree broadcast from one root: lg p (alpha + n beta) (Thakur et al. 2005, section 4.1)."""
+    return lg(p) * (alpha + n_bytes * beta)
+
+
+def tree_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Binomial-tree reduce then broadcast: 2 lg p alpha + 2 n lg p beta + n lg p gamma (Thakur et al. 2005)."""
+    return binomial_reduce(p, n_bytes, alpha, beta, gamma) + binomial_broadcast(p, n_bytes, alpha, beta)
+
+
+def star_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Naive star: the root receives p-1 tensors, reduces, sends p-1 back over its one link (2(p-1) n bytes).
+
+    2 (p-1) alpha + 2 (p-1) n beta + (p-1) n gamma: the root's link is the bottleneck (Thakur et al. 2005, as the
+    baseline the tree and ring improve on).
+    """
+    return 2 * (p - 1) * (alpha + n_bytes * beta) + (p - 1) * n_bytes * gamma
+
+
+def allreduce_bytes_sent(algorithm: str, p: int, n_bytes: int) -> float:
+    """Bytes the busiest rank sends, per algorithm: ring 2(p-1)/p n, tree 2 lg p n (root: lg p n), star 2(p-1) n."""
+    k = lg(p)
+    return {
+        "ring": 2 * (p - 1) / p * n_bytes,
+        "rabenseifner": 2 * (p - 1) / p * n_bytes,
+        "recursive_doubling": k * n_bytes,
+        "tree": 2 * k * n_bytes,
+        "star": (p - 1) * n_bytes,
+    }[algorithm]
+
+
+ALLREDUCE = {
+    "ring": ring_allreduce,
+    "recursive_doubling": recursive_doubling_allreduce,
+    "rabenseifner": rabenseifner_allreduce,
+    "tree": tree_allreduce,
+    "star": star_allreduce,
+}
+
+
+def ps_vs_allreduce(n_workers: int, model_bytes: float, bandwidth: float, k_servers: int = 1) -> dict:
+    """Per-iteration communication time, BytePS (Jiang et al. OSDI'20, section 3.1), bandwidth B in bytes/s per NIC.
+
+    all-reduce: 2 (n-1) M / (n B); parameter server with k non-colocated servers: max(M/B, n M / (k B)).
+    A single PS (k=1) receives n M and sends n M bytes per step, so its time grows with n; the ring's does not.
+    """
+    n, m, b, k = n_workers, model_bytes, bandwidth, k_servers
+    return {
+        "allreduce_s": 2 * (n - 1) * m / (n * b),
+        "ps_s": max(m / b, n * m / (k * b)),
+        "ps_server_bytes_in": n * m / k,
+        "ps_server_bytes_out": n * m / k,
+    }
+
+
+def fit_alpha_beta(n_bytes: Iterable[float], seconds: Iterable[float], p: int = 2,
+                   algorithm: str = "ring") -> tuple[float, float]:
+    """Least-squares fit of (alpha, beta) so that ALLREDUCE[algorithm](p, n, alpha, beta) matches the measurements.
+
+    The model is linear in alpha and beta: t = a(p) alpha + b(p, n) beta. Errors are weighted by 1/t (relative
+    least squares), so that 4 KiB messages (microseconds) count as much as 64 MiB ones (tens of milliseconds);
+    the fit minimises sum(((model - t) / t)^2). Both coefficients are clipped at zero.
+    """
+    xs, ts = list(map(float, n_bytes)), list(map(float, seconds))
+    if len(xs) != len(ts) or len(xs) < 2:
+        raise ValueError("need at least two (bytes, seconds) pairs of equal length")
+    model = ALLREDUCE[algorithm] if algorithm in ALLREDUCE else None
+    if model is None:
+        raise ValueError(f"unknown algorithm {algorithm!r}; one of {sorted(ALLREDUCE)}")
+    # The coefficient of alpha and of beta at each size, read off the model itself (it is linear in both).
+    rows = [(model(p, n, 1.0, 0.0), model(p, n, 0.0, 1.0)) for n in xs]
+    # Weighted normal equations for two unknowns, weights 1/t^2.
+    saa = sab = sbb = sat = sbt = 0.0
+    for (a, b), t in zip(rows, ts):
+        w = 1.0 / (t * t)
+        saa += w * a * a
+        sab += w * a * b
+        sbb += w * b * b
+        sat += w * a * t
+        sbt += w * b * t
+    det = saa * sbb - sab * sab
+    if abs(det) < 1e-300:
+        raise ValueError("the sizes do not separate alpha from beta; measure at least two different sizes")
+    alpha = (sat * sbb - sbt * sab) / det
+    beta = (saa * sbt - sab * sat) / det
+    if alpha < 0:  # latency cannot be negative: refit beta alone
+        alpha, beta = 0.0, sbt / sbb
+    if beta < 0:
+        alpha, beta = sat / saa, 0.0
+    return alpha, beta
+
+
+def predict(algorithm: str, p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Seconds the named all-reduce algorithm takes under the model (names: keys of ALLREDUCE)."""
+    return ALLREDUCE[algorithm](p, n_bytes, alpha, beta, gamma)
+
+
+def tree_over_ring_ratio(p: int) -> float:
+    """Bandwidth term of binomial reduce+broadcast over ring all-reduce: 2 lg p / (2 (p-1)/p) (large n)."""
+    return 2 * lg(p) / (2 * (p - 1) / p) if p > 1 else math.nan
