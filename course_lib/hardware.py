@@ -1,0 +1,169 @@
+"""The data/ hardware tables (accelerators, links, training runs) and the walls computed from them.
+
+Taught in notebooks/01_why_distributed.ipynb (memory wall, compute wall, speed formula) and
+notebooks/02_cluster_architecture.ipynb (links, transfer times). Units: bytes, seconds, FLOPs; GB = 1e9 bytes,
+GB/s one direction unless a name says otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from . import costmodel
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+GB = 1e9
+
+# Bytes per parameter of the training state with Adam (ZeRO paper, Rajbhandari et al. SC'20, section 3.1):
+# fp32 keeps weights, grads, momentum, variance in fp32 (4+4+4+4); mixed precision keeps fp16 weights and grads
+# (2+2) plus an fp32 master copy, momentum and variance (4+4+4 = 12): 16 bytes per parameter either way, but
+# mixed precision halves what the forward/backward pass reads and what the all-reduce sends.
+STATE_BYTES_PER_PARAM = {
+    "fp32": {"weights": 4, "gradients": 4, "optimizer": 8},
+    "mixed": {"weights": 2, "gradients": 2, "optimizer": 12},
+}
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def _value(text: str):
+    """'' -> None, numbers -> float (int when whole), anything else stays a string."""
+    if text == "":
+        return None
+    try:
+        x = float(text)
+    except ValueError:
+        return text
+    return int(x) if x.is_integer() and "." not in text and "e" not in text.lower() else x
+
+
+def load_table(name: str) -> list[dict]:
+    """Rows of data/<name>.csv as dicts with numbers parsed; every row keeps its `source`."""
+    with open(DATA_DIR / f"{name}.csv", newline="", encoding="utf-8") as f:
+        return [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def row(table: str, name: str) -> dict:
+    """The row of data/<table>.csv whose `name` is `name` (KeyError naming the choices otherwise)."""
+    rows = load_table(table)
+    for r in rows:
+        if r["name"] == name:
+            return r
+    raise KeyError(f"{name!r} is not in data/{table}.csv; choose one of {[r['name'] for r in rows]}")
+
+
+def accelerators() -> list[dict]:
+    return load_table("accelerators")
+
+
+def links() -> list[dict]:
+    return load_table("links")
+
+
+def training_runs() -> list[dict]:
+    return load_table("training_runs")
+
+
+# ---------------------------------------------------------------------------------------------- memory wall
+def weights_bytes(n_params: float, bytes_per_param: float = 4) -> float:
+    """Bytes of the weights alone (fp32: 4 bytes each; GPT-3: 175e9 x 4 = 700 GB)."""
+    return n_params * bytes_per_param
+
+
+def training_state_bytes(n_params: float, precision: str = "mixed") -> dict:
+    """Weights, gradients and Adam state in bytes, and their total (16 bytes/param; ZeRO, section 3.1)."""
+    per = STATE_BYTES_PER_PARAM[precision]
+    out = {k: n_params * v for k, v in per.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def activation_bytes(layers: int, hidden: int, seq_len: int, micro_batch: int, heads: int) -> float:
+    """Activations kept for the backward pass of a GPT-style transformer in 16-bit, no recomputation, one GPU.
+
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1):
+    s b h (34 + 5 a s / h) bytes per layer.
+    """
+    s, b, h, a = seq_len, micro_batch, hidden, heads
+    return layers * s * b * h * (34 + 5 * a * s / h)
+
+
+def gpus_to_hold(n_bytes: float, gpu_memory_GB: float) -> int:
+    """How many GPUs of this memory size just to hold n_bytes, with perfect sharding and nothing else stored."""
+    return math.ceil(n_bytes / (gpu_memory_GB * GB))
+
+
+# ---------------------------------------------------------------------------------------------- compute wall
+def training_flops(n_params: float, n_tokens: float) -> float:
+    """Training FLOPs ~ 6 N D: 2 N per token forward, 4 N backward (Kaplan et al. 2020; Hoffmann et al. 2022)."""
+    return 6 * n_params * n_tokens
+
+
+def flops_per_gpu_from_throughput(n_params: float, tokens_per_s_per_gpu: float) -> float:
+    """Achieved FLOP/s per GPU implied by a published token throughput: 6 N x tokens/s."""
+    return 6 * n_params * tokens_per_s_per_gpu
+
+
+def training_time_s(flops: float, gpus: int, peak_TFLOPS: float, mfu: float) -> float:
+    """Seconds to do `flops` on `gpus` GPUs each reaching mfu x peak (model-FLOPs utilisation)."""
+    return flops / (gpus * peak_TFLOPS * 1e12 * mfu)
+
+
+def gpu_hours(flops: float, flops_per_gpu_s: float) -> float:
+    """GPU-hours to do `flops` at an achieved rate per GPU."""
+    return flops / flops_per_gpu_s / 3600
+
+
+def llama_gpu_hours_check(reference: str = "LLaMA-65B") -> list[dict]:
+    """Predict every LLaMA run's GPU-hours from 6ND at the throughput published for `reference` (table 15 vs ours).
+
+    The per-GPU FLOP/s comes from the reference run's tokens/s/GPU (6 N x tokens/s); the other sizes reuse it,
+    i.e. assume the same achieved FLOP/s per A100. error = predicted / published - 1.
+    """
+    runs = [r for r in training_runs() if r["name"].startswith("LLaMA")]
+    ref = next(r for r in runs if r["name"] == reference)
+    rate = flops_per_gpu_from_throughput(ref["params"], ref["tokens_per_s_per_gpu"])
+    peak = row("accelerators", ref["gpu_type"])["bf16_dense_TFLOPS"] * 1e12
+    out = []
+    for r in runs:
+        predicted = gpu_hours(training_flops(r["params"], r["tokens"]), rate)
+        out.append({"name": r["name"], "flops": training_flops(r["params"], r["tokens"]),
+                    "published_gpu_hours": r["gpu_hours"], "predicted_gpu_hours": predicted,
+                    "error": predicted / r["gpu_hours"] - 1, "achieved_TFLOPS": rate / 1e12, "mfu": rate / peak})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- speed formula
+def data_parallel_speed(p: int, step_compute_s: float, grad_bytes: float, alpha: float, beta: float,
+                        samples_per_step: int = 1) -> dict:
+    """Training speed = single-device speed x p x multi-device speedup ratio, the ratio from a ring all-reduce.
+
+    Each of p devices computes a step on its own batch (step_compute_s), then the gradients are all-reduced
+    with course_lib.costmodel.ring_allreduce (no overlap of compute and communication: the pessimistic case).
+    Returns samples/s of one device, of p devices, and the ratio compute / (compute + communication).
+    """
+    comm = costmodel.ring_allreduce(p, grad_bytes, alpha, beta) if p > 1 else 0.0
+    single = samples_per_step / step_compute_s
+    ratio = step_compute_s / (step_compute_s + comm)
+    return {"devices": p, "single_device_speed": single, "speedup_ratio": ratio, "comm_s": comm,
+            "speed": single * p * ratio}
+
+
+def speed_curve(ps, step_compute_s: float, grad_bytes: float, alpha: float, beta: float) -> list[dict]:
+    """data_parallel_speed for every device count in ps."""
+    return [data_parallel_speed(p, step_compute_s, grad_bytes, alpha, beta) for p in ps]
+
+
+# ---------------------------------------------------------------------------------------------- transfer time
+def transfer_time_s(n_bytes: float, link: dict | str) -> float:
+    """Seconds to move n_bytes one way over one link: typical latency + n / one-direction bandwidth."""
+    link = row("links", link) if isinstance(link, str) else link
+    return link["typical_latency_us"] * 1e-6 + n_bytes / (link["GBps_one_direction"] * GB)
+
+
+def gradient_transfer_table(n_params: float, bytes_per_grad: float = 2) -> list[dict]:
+    """Time to send one full copy of the gradients (fp16: 2 bytes each) over every link of data/links.csv."""
+    n = n_params * bytes_per_grad
+    return [{"link": lk["name"], "kind": lk["kind"], "level": lk["level"], "GBps_one_direction":
+             lk["GBps_one_direction"], "seconds": transfer_time_s(n, lk)} for lk in links()]
