@@ -1,0 +1,155 @@
+"""Cluster drawings generated from a topology description: a server, a rack, racks + spine, PS vs decentralized.
+
+Taught in notebooks/02_cluster_architecture.ipynb. A description is plain data:
+``{"title", "nodes": {id: {"kind", "label", "xy", "w"?}}, "edges": [{"a", "b", "kind"}], "groups": [...],
+"legend": {edge_kind: text}}``; the builders below make one, `draw` turns any description into a figure.
+Bandwidth labels are handed in by the caller (from data/links.csv), never typed here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyBboxPatch, Rectangle
+
+NODE_COLORS = {"gpu": "#76b900", "cpu": "#4c72b0", "pcie_switch": "#8da0cb", "nic": "#fc8d62", "nvswitch": "#2ca02c",
+               "tor": "#e78ac3", "spine": "#d62728", "server": "#dddddd", "ps": "#9467bd", "worker": "#76b900"}
+EDGE_STYLES = {"nvlink": ("#2ca02c", 2.5, "-"), "pcie": ("#4c72b0", 1.5, "-"), "cpu_link": ("#555555", 1.5, ":"),
+               "network": ("#fc8d62", 1.5, "-"), "uplink": ("#d62728", 1.5, "-"), "push_pull": ("#9467bd", 1.5, "-"),
+               "ring": ("#2ca02c", 2.0, "-")}
+
+
+def _node(kind, label, x, y, w=0.7):
+    return {"kind": kind, "label": label, "xy": (x, y), "w": w}
+
+
+def server_8gpu(nvlink_label: str = "NVLink via NVSwitch", pcie_label: str = "PCIe",
+                nic_label: str = "NIC to the network", name: str = "one 8-GPU server (HGX/DGX style)") -> dict:
+    """8 GPUs all-to-all through NVSwitch; pairs of GPUs and one NIC per PCIe switch; 4 switches on 2 CPUs."""
+    nodes, edges = {}, []
+    nodes["cpu0"], nodes["cpu1"] = _node("cpu", "CPU 0", 2.0, 4, 1.2), _node("cpu", "CPU 1", 6.0, 4, 1.2)
+    nodes["net"] = _node("tor", "to the top-of-rack switch", 3.5, 4.9, 8.0)
+    edges.append({"a": "cpu0", "b": "cpu1", "kind": "cpu_link"})
+    for i in range(4):
+        sw, nic = f"sw{i}", f"nic{i}"
+        nodes[sw] = _node("pcie_switch", "PCIe sw", 2 * i + 0.2, 3, 0.8)
+        nodes[nic] = _node("nic", "NIC", 2 * i + 1.05, 3.45, 0.55)
+        edges += [{"a": f"cpu{i // 2}", "b": sw, "kind": "pcie"}, {"a": sw, "b": nic, "kind": "pcie"},
+                  {"a": nic, "b": "net", "kind": "network"}]
+        for g in (2 * i, 2 * i + 1):
+            nodes[f"gpu{g}"] = _node("gpu", f"GPU {g}", g, 1.8, 0.8)
+            edges.append({"a": sw, "b": f"gpu{g}", "kind": "pcie"})
+    nodes["nvswitch"] = _node("nvswitch", "NVSwitch (all-to-all)", 3.5, 0.6, 8.0)
+    edges += [{"a": f"gpu{g}", "b": "nvswitch", "kind": "nvlink"} for g in range(8)]
+    return {"title": name, "nodes": nodes, "edges": edges, "groups": [],
+            "legend": {"nvlink": nvlink_label, "pcie": pcie_label, "cpu_link": "CPU-CPU link",
+                       "network": nic_label}}
+
+
+def rack(n_servers: int = 4, gpus_per_server: int = 8, link_label: str = "server NICs to ToR",
+         x0: float = 0.0, idx: int = 0) -> dict:
+    """A rack: n servers, each wired to the top-of-rack (ToR) switch."""
+    nodes, edges = {}, []
+    tor = f"tor{idx}"
+    nodes[tor] = _node("tor", f"ToR {idx}", x0 + (n_servers - 1) / 2, 1.3, 1.0)
+    for s in range(n_servers):
+        sid = f"r{idx}s{s}"
+        nodes[sid] = _node("server", "server", x0 + s, 0, 0.85)
+        edges.append({"a": sid, "b": tor, "kind": "network"})
+    return {"title": f"a rack: {n_servers} servers of {gpus_per_server} GPUs behind a top-of-rack switch", "nodes": nodes, "edges": edges,
+            "groups": [{"label": f"rack {idx}", "members": list(nodes)}], "legend": {"network": link_label}}
+
+
+def cluster(n_racks: int = 3, servers_per_rack: int = 3, n_spines: int = 2, gpus_per_server: int = 8,
+            server_link_label: str = "server to ToR", uplink_label: str = "ToR to spine") -> dict:
+    """Racks joined by spine switches: every ToR has a link to every spine (leaf-spine)."""
+    nodes, edges, groups = {}, [], []
+    gap = servers_per_rack + 0.8
+    for r in range(n_racks):
+        part = rack(servers_per_rack, gpus_per_server, x0=r * gap, idx=r)
+        nodes.update(part["nodes"])
+        edges += part["edges"]
+        groups += part["groups"]
+    width = n_racks * gap - 0.8 - 1
+    for k in range(n_spines):
+        x = width / 2 if n_spines == 1 else width * (0.2 + 0.6 * k / (n_spines - 1))
+        nodes[f"spine{k}"] = _node("spine", f"spine {k}", x, 2.8, 1.0)
+        edges += [{"a": f"tor{r}", "b": f"spine{k}", "kind": "uplink"} for r in range(n_racks)]
+    return {"title": f"a cluster: {n_racks} racks of {servers_per_rack} servers ({gpus_per_server} GPUs each) "
+                     f"joined by {n_spines} spine switches", "nodes": nodes,
+            "edges": edges, "groups": groups, "legend": {"network": server_link_label, "uplink": uplink_label}}
+
+
+def parameter_server(n_workers: int = 4, n_servers: int = 1) -> dict:
+    """Centralized: every worker pushes gradients to the parameter server(s) and pulls parameters back."""
+    nodes, edges = {}, []
+    for k in range(n_servers):
+        nodes[f"ps{k}"] = _node("ps", "parameter\nserver" if n_servers == 1 else f"PS {k}",
+                                (n_workers - 1) * (k + 1) / (n_servers + 1), 1.6, 1.4)
+    for w in range(n_workers):
+        nodes[f"w{w}"] = _node("worker", f"worker {w}", w, 0, 0.8)
+        edges += [{"a": f"w{w}", "b": f"ps{k}", "kind": "push_pull"} for k in range(n_servers)]
+    return {"title": "parameter server (centralized)", "nodes": nodes, "edges": edges, "groups": [],
+            "legend": {"push_pull": "push gradients / pull parameters"}}
+
+
+def decentralized(n_workers: int = 4) -> dict:
+    """Decentralized: no server; workers all-reduce gradients with their neighbours on a ring."""
+    nodes, r = {}, (n_workers - 1) / 2
+    for w in range(n_workers):
+        a = math.pi / 2 - 2 * math.pi * w / n_workers
+        nodes[f"w{w}"] = _node("worker", f"worker {w}", r + r * math.cos(a), 0.8 + 0.8 * math.sin(a), 0.8)
+    edges = [{"a": f"w{w}", "b": f"w{(w + 1) % n_workers}", "kind": "ring"} for w in range(n_workers)]
+    return {"title": "decentralized (ring all-reduce)", "nodes": nodes, "edges": edges, "groups": [],
+            "legend": {"ring": "send to the next worker on the ring"}}
+
+
+def _end(node, other):
+    """Where an edge meets a node: the node's centre, or straight above/below the other end for wide bars."""
+    (x, y), (ox, _) = node["xy"], other["xy"]
+    return (ox, y) if node["w"] > 3 else (x, y)
+
+
+def draw(desc: dict, ax=None, box_h: float = 0.42):
+    """Draw one topology description on ax (a new small figure if None); returns the axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
+    nodes = desc["nodes"]
+    for e in desc["edges"]:
+        a, b = nodes[e["a"]], nodes[e["b"]]
+        (x1, y1), (x2, y2) = _end(a, b), _end(b, a)
+        color, lw, ls = EDGE_STYLES[e["kind"]]
+        ax.plot([x1, x2], [y1, y2], color=color, lw=lw, ls=ls, zorder=1)
+    for nid, n in nodes.items():
+        x, y = n["xy"]
+        ax.add_patch(FancyBboxPatch((x - n["w"] / 2, y - box_h / 2), n["w"], box_h, boxstyle="round,pad=0.02",
+                                    fc=NODE_COLORS[n["kind"]], ec="black", lw=0.8, zorder=2))
+        ax.text(x, y, n["label"], ha="center", va="center", fontsize=7, zorder=3)
+    for g in desc.get("groups", []):
+        xs = [nodes[m]["xy"][0] for m in g["members"]]
+        ys = [nodes[m]["xy"][1] for m in g["members"]]
+        x0, x1, y0, y1 = min(xs) - 0.55, max(xs) + 0.55, min(ys) - 0.45, max(ys) + 0.45
+        ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ls="--", ec="gray", lw=0.8, zorder=0))
+        ax.text(x0 + 0.05, y1 - 0.03, g["label"], fontsize=7, color="gray", va="top")
+    used = {e["kind"] for e in desc["edges"]}
+    handles = [plt.Line2D([], [], color=EDGE_STYLES[k][0], lw=EDGE_STYLES[k][1], ls=EDGE_STYLES[k][2], label=t)
+               for k, t in desc.get("legend", {}).items() if k in used]
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2,
+                  frameon=False)
+    ax.set_title(desc["title"], fontsize=9)
+    ax.set_aspect("equal")
+    ax.autoscale_view()
+    ax.margins(0.08)
+    ax.axis("off")
+    return ax
+
+
+def draw_side_by_side(*descs, figsize=(9, 3.2)):
+    """Several descriptions in one row (e.g. parameter server vs decentralized); returns the figure."""
+    fig, axes = plt.subplots(1, len(descs), figsize=figsize, dpi=100)
+    for d, ax in zip(descs, [axes] if len(descs) == 1 else axes):
+        draw(d, ax)
+    fig.tight_layout()
+    return fig

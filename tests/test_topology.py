@@ -1,0 +1,60 @@
+"""Topology descriptions have the structure the lesson claims, and every description draws."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from course_lib.viz import topology as t  # noqa: E402
+
+
+def _neighbours(desc, nid):
+    return {e["b"] if e["a"] == nid else e["a"] for e in desc["edges"] if nid in (e["a"], e["b"])}
+
+
+def test_server_every_gpu_on_nvswitch_and_a_pcie_path_to_a_cpu_and_nic():
+    d = t.server_8gpu()
+    gpus = [n for n, v in d["nodes"].items() if v["kind"] == "gpu"]
+    assert len(gpus) == 8
+    for g in gpus:
+        nb = _neighbours(d, g)
+        assert "nvswitch" in nb
+        (sw,) = [n for n in nb if d["nodes"][n]["kind"] == "pcie_switch"]
+        kinds = {d["nodes"][n]["kind"] for n in _neighbours(d, sw)}
+        assert {"cpu", "nic", "gpu"} <= kinds
+    assert sum(v["kind"] == "cpu" for v in d["nodes"].values()) == 2
+    assert sum(v["kind"] == "nic" for v in d["nodes"].values()) == 4
+
+
+def test_rack_and_cluster_wiring():
+    r = t.rack(5)
+    assert _neighbours(r, "tor0") == {f"r0s{i}" for i in range(5)}
+    c = t.cluster(n_racks=3, servers_per_rack=2, n_spines=2)
+    for k in range(2):
+        assert _neighbours(c, f"spine{k}") == {"tor0", "tor1", "tor2"}   # leaf-spine: every ToR on every spine
+    assert sum(v["kind"] == "server" for v in c["nodes"].values()) == 6
+    assert len(c["groups"]) == 3
+
+
+def test_ps_vs_decentralized():
+    ps = t.parameter_server(4)
+    assert _neighbours(ps, "ps0") == {"w0", "w1", "w2", "w3"}
+    ring = t.decentralized(5)
+    assert all(len(_neighbours(ring, f"w{i}")) == 2 for i in range(5))
+    assert not any(v["kind"] == "ps" for v in ring["nodes"].values())
+
+
+@pytest.mark.parametrize("desc", [t.server_8gpu(), t.rack(), t.cluster(), t.parameter_server(), t.decentralized()])
+def test_every_description_draws(desc):
+    ax = t.draw(desc)
+    n_boxes = len(ax.patches) - len(desc.get("groups", []))
+    assert n_boxes == len(desc["nodes"])
+    assert len(ax.lines) == len(desc["edges"])
+    plt.close(ax.figure)
+
+
+def test_side_by_side():
+    fig = t.draw_side_by_side(t.parameter_server(), t.decentralized())
+    assert len(fig.axes) == 2
+    plt.close(fig)
