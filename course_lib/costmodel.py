@@ -79,16 +79,22 @@ def star_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: flo
     return 2 * (p - 1) * (alpha + n_bytes * beta) + (p - 1) * n_bytes * gamma
 
 
-def allreduce_bytes_sent(algorithm: str, p: int, n_bytes: int) -> float:
-    """Bytes the busiest rank sends, per algorithm: ring 2(p-1)/p n, tree 2 lg p n (root: lg p n), star 2(p-1) n."""
+def allreduce_traffic(algorithm: str, p: int, n_bytes: int) -> dict:
+    """Bytes sent by the busiest rank and by all ranks together in one all-reduce of n bytes on p ranks.
+
+    ring: 2(p-1)/p n per rank (p dividing n), 2(p-1) n in all, however n splits; tree (binomial reduce +
+    broadcast): the root sends n lg p, 2(p-1) n in all; recursive doubling: n lg p per rank, p n lg p in all
+    (p a power of two; otherwise MPICH's fold adds n for 2(p - 2^floor(lg p)) ranks); star: the root sends
+    (p-1) n and receives as much, 2(p-1) n in all. Same total for ring, tree and star: they differ in how it is
+    spread over ranks and rounds, which is what the time formulas above capture.
+    """
     k = lg(p)
-    return {
-        "ring": 2 * (p - 1) / p * n_bytes,
-        "rabenseifner": 2 * (p - 1) / p * n_bytes,
-        "recursive_doubling": k * n_bytes,
-        "tree": 2 * k * n_bytes,
-        "star": (p - 1) * n_bytes,
-    }[algorithm]
+    pof2 = 1 << (p.bit_length() - 1)
+    busiest = {"ring": 2 * (p - 1) / p * n_bytes, "tree": k * n_bytes, "recursive_doubling": k * n_bytes,
+               "star": (p - 1) * n_bytes}[algorithm]
+    total = {"ring": 2 * (p - 1) * n_bytes, "tree": 2 * (p - 1) * n_bytes, "star": 2 * (p - 1) * n_bytes,
+             "recursive_doubling": (2 * (p - pof2) + pof2 * lg(pof2)) * n_bytes}[algorithm]
+    return {"busiest": busiest, "total": total}
 
 
 ALLREDUCE = {

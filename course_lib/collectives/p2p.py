@@ -1,0 +1,73 @@
+"""The one point-to-point step every course algorithm is built from (isend/irecv only), with per-rank byte counts.
+
+Taught in notebooks/06_build_your_own_collectives.ipynb. Point-to-point = between two processes; the collectives
+in this package are made of nothing else, so their traffic can be counted exactly and compared with the formulas
+in course_lib.costmodel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Traffic:
+    """What one rank sent and received during one or more collectives (payload bytes, messages)."""
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages_sent: int = 0
+
+
+def exchange(send: torch.Tensor | None = None, dst: int | None = None, recv: torch.Tensor | None = None,
+             src: int | None = None, traffic: Traffic | None = None) -> None:
+    """Send `send` to rank `dst` and receive into `recv` from rank `src` at the same time, then wait for both.
+
+    Both are posted before either is waited on, so a ring where every rank sends right and receives left cannot
+    deadlock. Empty tensors are skipped on both sides (both sides know the chunk sizes), as no bytes move.
+    """
+    reqs = []
+    if recv is not None and recv.numel():
+        reqs.append(dist.irecv(recv, src))
+    if send is not None and send.numel():
+        reqs.append(dist.isend(send, dst))
+        if traffic is not None:
+            traffic.bytes_sent += send.numel() * send.element_size()
+            traffic.messages_sent += 1
+    for r in reqs:
+        r.wait()
+    if traffic is not None and recv is not None:
+        traffic.bytes_recv += recv.numel() * recv.element_size()
+
+
+_OPS = {"sum": torch.Tensor.add_, "prod": torch.Tensor.mul_,
+        "max": lambda a, b: a.copy_(torch.maximum(a, b)), "min": lambda a, b: a.copy_(torch.minimum(a, b))}
+
+
+def reducer(op="sum"):
+    """The in-place combine for a reduction: a string (sum, prod, max, min) or the matching dist.ReduceOp."""
+    if not isinstance(op, str):
+        names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MAX: "max",
+                 dist.ReduceOp.MIN: "min"}
+        op = next((name for k, name in names.items() if k == op), repr(op))
+    if op not in _OPS:
+        raise ValueError(f"unsupported reduction {op!r}: use one of {sorted(_OPS)}")
+    return _OPS[op]
+
+
+def flat_work(tensor: torch.Tensor) -> torch.Tensor:
+    """A 1-D view to work in: the tensor itself when contiguous, else a contiguous copy (copy back at the end).
+
+    Why: a non-contiguous view handed to send/recv moves the wrong elements (PITFALLS.md).
+    """
+    return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+
+
+def finish(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Copy the result back when flat_work had to make a contiguous copy; return the caller's tensor."""
+    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        tensor.copy_(flat.view(tensor.shape))
+    return tensor

@@ -1,0 +1,105 @@
+"""Ring reduce-scatter, ring all-gather and ring all-reduce (= reduce-scatter + all-gather) from isend/irecv.
+
+Patarasuk & Yuan, JPDC 2009 (bandwidth-optimal all-reduce); taught in notebooks/06_build_your_own_collectives.ipynb.
+The tensor is cut into p chunks whose sizes differ by at most one element (torch.tensor_split), so any size works.
+At step s rank r sends one chunk to r+1 and receives one from r-1: p-1 steps per phase, each rank sends
+n - |chunk r| bytes in reduce-scatter and n - |chunk r+1| in all-gather (2(p-1)/p n when p divides n).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .p2p import Traffic, exchange, finish, flat_work, reducer
+from .trace import Trace
+
+
+def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
+    """Element ranges of p chunks of n elements, the first n % p one element longer (torch.tensor_split's rule)."""
+    q, extra = divmod(n, p)
+    bounds, lo = [], 0
+    for i in range(p):
+        hi = lo + q + (1 if i < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def _reduce_scatter(flat, bounds, op, traffic, trace) -> None:
+    """p-1 steps; afterwards chunk r of rank r holds the reduction of every rank's chunk r."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    combine = reducer(op)
+    tmp = torch.empty(max(hi - lo for lo, hi in bounds), dtype=flat.dtype, device=flat.device)
+    for s in range(p - 1):
+        # Shifted by one so the chunk finished last is chunk r, as in torch's reduce_scatter.
+        out_c, in_c = (rank - s - 1) % p, (rank - s - 2) % p
+        (olo, ohi), (ilo, ihi) = bounds[out_c], bounds[in_c]
+        buf = tmp[: ihi - ilo]
+        exchange(flat[olo:ohi], (rank + 1) % p, buf, (rank - 1) % p, traffic)
+        combine(flat[ilo:ihi], buf)
+        if trace is not None:
+            trace.record("reduce-scatter", [(rank, (rank + 1) % p, out_c, (ohi - olo) * flat.element_size())], flat)
+
+
+def _all_gather(flat, bounds, traffic, trace) -> None:
+    """p-1 steps; rank r starts owning chunk r and passes what it last received to its right neighbour."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    for s in range(p - 1):
+        out_c, in_c = (rank - s) % p, (rank - s - 1) % p
+        (olo, ohi), (ilo, ihi) = bounds[out_c], bounds[in_c]
+        exchange(flat[olo:ohi], (rank + 1) % p, flat[ilo:ihi], (rank - 1) % p, traffic)
+        if trace is not None:
+            trace.record("all-gather", [(rank, (rank + 1) % p, out_c, (ohi - olo) * flat.element_size())], flat)
+
+
+def ring_reduce_scatter(tensor: torch.Tensor, op="sum", traffic: Traffic | None = None,
+                        trace: Trace | None = None) -> torch.Tensor:
+    """Reduce `tensor` over all ranks and return this rank's chunk (chunk r of p, tensor_split sizes).
+
+    The input is used as the workspace (its other chunks hold partial sums afterwards); the result is a view.
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = flat_work(tensor)
+    bounds = chunk_bounds(flat.numel(), p)
+    if trace is not None:
+        trace.begin("ring reduce-scatter", rank, p, bounds, flat)
+    _reduce_scatter(flat, bounds, op, traffic, trace)
+    lo, hi = bounds[rank]
+    return flat[lo:hi]
+
+
+def ring_all_gather(chunk: torch.Tensor, sizes: list[int] | None = None, traffic: Traffic | None = None,
+                    trace: Trace | None = None) -> torch.Tensor:
+    """Every rank's chunk, concatenated in rank order, on every rank (1-D). `sizes`: each rank's chunk length
+    (default: all equal to this rank's), so uneven chunks work, which torch's all_gather does not allow."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    sizes = [chunk.numel()] * p if sizes is None else list(sizes)
+    if sizes[rank] != chunk.numel():
+        raise ValueError(f"rank {rank}: sizes[{rank}]={sizes[rank]} but the chunk has {chunk.numel()} elements")
+    bounds, lo = [], 0
+    for n in sizes:
+        bounds.append((lo, lo + n))
+        lo += n
+    out = torch.zeros(lo, dtype=chunk.dtype, device=chunk.device)
+    out[bounds[rank][0]:bounds[rank][1]] = chunk.reshape(-1)
+    if trace is not None:
+        trace.begin("ring all-gather", rank, p, bounds, out)
+    _all_gather(out, bounds, traffic, trace)
+    return out
+
+
+def ring_all_reduce(tensor: torch.Tensor, op="sum", traffic: Traffic | None = None,
+                    trace: Trace | None = None) -> torch.Tensor:
+    """In-place all-reduce of `tensor` by ring reduce-scatter then ring all-gather; returns `tensor`.
+
+    Same result as dist.all_reduce(tensor, op) for any world size >= 1 and any number of elements.
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = flat_work(tensor)
+    bounds = chunk_bounds(flat.numel(), p)
+    if trace is not None:
+        trace.begin("ring all-reduce", rank, p, bounds, flat)
+    _reduce_scatter(flat, bounds, op, traffic, trace)
+    _all_gather(flat, bounds, traffic, trace)
+    return finish(tensor, flat)
