@@ -1,0 +1,77 @@
+"""Bandwidth plots of a measured sweep: busbw vs message size with the machine's ceilings, and the alpha-beta fit.
+
+Taught in notebooks/07_measuring_communication.ipynb. Draws rows handed to it (course_lib.bench.collectives rows:
+op, size_bytes, time_us, busbw_GBps, ...); never measures anything itself.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+_KiB, _MiB = 1 << 10, 1 << 20
+
+
+def _size_axis(ax) -> None:
+    ax.set_xscale("log", base=2)
+    lo, hi = ax.get_xlim()
+    ticks = [(t, name) for t, name in ((4 * _KiB, "4K"), (64 * _KiB, "64K"), (_MiB, "1M"), (16 * _MiB, "16M"),
+                                       (256 * _MiB, "256M"), (4096 * _MiB, "4G")) if lo <= t <= hi]
+    ax.set_xticks([t for t, _ in ticks], [name for _, name in ticks])
+    ax.set_xlabel("message size S (bytes)")
+
+
+def plot_busbw(rows: list[dict], ceilings: dict | None = None, ax=None, ops=None, value: str = "busbw_GBps",
+               published: list[dict] | None = None):
+    """busbw (or algbw) vs size, one line per op; dashed lines for the ceilings (GB/s, one direction)."""
+    ax = ax or plt.gca()
+    ops = ops or list(dict.fromkeys(r["op"] for r in rows))
+    for op in ops:
+        rs = sorted((r for r in rows if r["op"] == op), key=lambda r: r["size_bytes"])
+        if rs:
+            style = "--" if rs[0].get("impl") == "course" else "-"
+            ax.plot([r["size_bytes"] for r in rs], [r[value] for r in rs], style, marker=".", label=op)
+    for key, color in (("memcpy_GBps", "grey"), ("loopback_tcp_GBps", "tab:red")):
+        if ceilings and ceilings.get(key):
+            ax.axhline(ceilings[key], color=color, ls=":", lw=1)
+            ax.annotate(f"{key.replace('_GBps', '')} {ceilings[key]:.1f}", (0.01, ceilings[key]),
+                        xycoords=("axes fraction", "data"), fontsize=7, color=color, va="bottom")
+    for row in published or []:
+        ax.scatter([row["size_bytes"]], [row["busbw_GBps"]], marker="*", s=60, color="k")
+    _size_axis(ax)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{value.replace('_GBps', '')} (GB/s)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+    return ax
+
+
+def plot_fit(sizes, seconds, alpha: float, beta: float, model, ax=None, label: str = "all_reduce"):
+    """Measured times (dots) and the fitted model t(S) = model(S, alpha, beta) (line), log-log, with the error."""
+    ax = ax or plt.gca()
+    ax.loglog(sizes, [s * 1e6 for s in seconds], "o", ms=4, label=f"{label}, measured")
+    fine = [sizes[0] * (sizes[-1] / sizes[0]) ** (i / 99) for i in range(100)]
+    ax.loglog(fine, [model(s, alpha, beta) * 1e6 for s in fine], "-",
+              label=f"fit: alpha={alpha * 1e6:.0f} us, 1/beta={1 / beta / 1e9:.2f} GB/s" if beta else "fit")
+    err = max(abs(model(s, alpha, beta) - t) / t for s, t in zip(sizes, seconds))
+    ax.set_title(f"alpha-beta fit, max error {100 * err:.0f}%", fontsize=9)
+    _size_axis(ax)
+    ax.set_ylabel("time per call (us)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    return ax
+
+
+def plot_sweep(rows: list[dict], ceilings: dict | None = None, fit: dict | None = None):
+    """The benchmark's figure: busbw of every op with the ceilings, and (given a fit) the all_reduce fit."""
+    from course_lib import costmodel as cm
+
+    fig, axes = plt.subplots(1, 2 if fit else 1, figsize=(10 if fit else 5.5, 3.6), dpi=100, squeeze=False)
+    plot_busbw(rows, ceilings, ax=axes[0][0])
+    axes[0][0].set_title(f"busbw, {rows[0]['ranks']} ranks, {rows[0]['backend']}", fontsize=9)
+    if fit:
+        ar = sorted((r for r in rows if r["op"] == "all_reduce"), key=lambda r: r["size_bytes"])
+        p = fit["ranks"]
+        plot_fit([r["size_bytes"] for r in ar], [r["time_us"] / 1e6 for r in ar], fit["alpha"], fit["beta"],
+                 lambda s, a, b: cm.ring_allreduce(p, s, a, b), ax=axes[0][1])
+    fig.tight_layout()
+    return fig
