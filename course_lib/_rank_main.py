@@ -105,8 +105,10 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
     rank = msg["rank"]
     times: dict[str, float] = {}
     code = 0
+    phase = "load"
     try:
         fn, args, kwargs = pickle.loads(msg["fn"])
+        phase = "init"
         if msg["init"]:
             t0 = time.perf_counter()
             timeout = timedelta(seconds=msg["timeout"])
@@ -119,6 +121,8 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
                 msg["backend"], store=store, rank=rank, world_size=msg["world_size"], timeout=timeout, **extra
             )
             times["init_s"] = time.perf_counter() - t0
+        phase = "fn"
+        os.write(res_fd, b"S")  # tells the kernel the learner's code has started: from here on, never retry
         t1 = time.perf_counter()
         value = fn(*args, **kwargs)
         times["fn_s"] = time.perf_counter() - t1
@@ -133,6 +137,7 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
             "ok": False,
             "etype": type(exc).__name__,
             "message": str(exc),
+            "phase": phase,
             "traceback": "".join(traceback.format_exception(exc)),
             # Frames travel as data: the kernel fills in notebook-cell source lines, which only it knows.
             "frames": [

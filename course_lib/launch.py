@@ -24,7 +24,11 @@ from .results import RankFailed, RankFailure, RankTimeout, RunResult, resolve_fr
 
 _LEN = struct.Struct("!Q")
 STOP_GRACE_S = 0.3  # after a first failure, how long peers may still report their own error before being stopped
-TERM_TO_KILL_S = 1.0  # SIGTERM, then SIGKILL this much later (a rank blocked in C++ may ignore gentler signals)
+TERM_TO_KILL_S = 1.0
+# Joining the process group can fail for reasons outside the learner's code (on this build machine gloo's
+# connectFullMesh was refused about once in a few hundred launches). Before the learner's function has started
+# on any rank, starting again is safe; after that, never.
+SETUP_ATTEMPTS = 3  # SIGTERM, then SIGKILL this much later (a rank blocked in C++ may ignore gentler signals)
 
 
 def _loopback_ifname() -> str | None:
@@ -49,15 +53,21 @@ class _Rank:
     def done(self, now: float) -> bool:
         return self.exit is not None and (not self.open or now - self.exit_seen > 1.0)
 
+    @property
+    def started(self) -> bool:
+        """The rank got past process-group setup and began the learner's function."""
+        return self.res[:1] == b"S"
+
     def result(self) -> dict | None:
-        if len(self.res) < _LEN.size:
+        buf = self.res[1:] if self.started else self.res
+        if len(buf) < _LEN.size:
             return None
-        (n,) = _LEN.unpack_from(self.res)
-        if len(self.res) < _LEN.size + n:
+        (n,) = _LEN.unpack_from(buf)
+        if len(buf) < _LEN.size + n:
             return None
         import pickle
 
-        return pickle.loads(self.res[_LEN.size : _LEN.size + n])
+        return pickle.loads(buf[_LEN.size : _LEN.size + n])
 
     def tail(self, kind: str, lines: int = 12) -> str:
         text = "".join(self.text[kind]).rstrip("\n")
@@ -172,7 +182,7 @@ class _Launch:
         if res is not None and not res["ok"]:
             return RankFailure(rp.rank, "raised", res["message"], res["time"], etype=res["etype"],
                                frames=res.get("frames", []), traceback=res["traceback"],
-                               stderr_tail=rp.tail("err"))
+                               stderr_tail=rp.tail("err"), phase=res.get("phase", ""))
         if rp.stopped_by_us and rp.exit in (-signal.SIGTERM, -signal.SIGKILL):
             return None  # we ended it; a SIGABRT or SIGSEGV that beat our signal still counts as a failure
         if rp.exit is not None and rp.exit < 0:
@@ -269,6 +279,11 @@ class _Launch:
                 except OSError:
                     pass
 
+    def setup_failed(self) -> bool:
+        """Every failure happened while joining the process group, and no rank began the learner's function."""
+        return bool(self.failures) and not any(rp.started for rp in self.ranks) and all(
+            f.kind == "raised" and f.phase == "init" for f in self.failures)
+
     def outcome(self, wall: float) -> RunResult:
         if self.failures:
             first = min(self.failures, key=lambda f: (f.consequence, f.time))
@@ -317,11 +332,26 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
             "Pass data the ranks can receive (tensors, numbers, lists), and open files or sockets inside the function."
         ) from None
 
+    for attempt in range(1, SETUP_ATTEMPTS + 1):
+        launch, timed_out, wall = _attempt(fn, fn_bytes, the_plan, float(timeout), check_collectives, init, output)
+        if timed_out is not None:
+            raise timed_out
+        if attempt < SETUP_ATTEMPTS and launch.setup_failed():
+            first = launch.failures[0]
+            print(f"[course_lib] process-group setup failed on rank {first.rank} before your function started "
+                  f"({first.message.splitlines()[0][:100]}); starting the ranks again (attempt {attempt + 1} "
+                  f"of {SETUP_ATTEMPTS})", file=sys.stderr)
+            continue
+        return launch.outcome(wall)
+
+
+def _attempt(fn, fn_bytes, the_plan, timeout, check_collectives, init, output):
+    """One launch: start every rank, watch until all are done or one fails, stop the rest."""
     import torch.distributed as dist
 
     server = get_server()
     with server.lock:
-        launch = _Launch(server, the_plan, fn_bytes, float(timeout), check_collectives, init, output)
+        launch = _Launch(server, the_plan, fn_bytes, timeout, check_collectives, init, output)
         launch.fn = fn
         # The launcher's own rendezvous is a file in a private temporary folder: no port to collide with another
         # kernel or student, and none of the 5 s client-connect stalls we measured with TCPStore on this build
@@ -340,8 +370,6 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
             launch.close()
             del store
             shutil.rmtree(rdzv, ignore_errors=True)
-            if output == "grouped":
-                launch.print_grouped()
-        if timed_out is not None:
-            raise timed_out
-        return launch.outcome(time.perf_counter() - t0)
+        if output == "grouped" and not (launch.setup_failed() and timed_out is None):
+            launch.print_grouped()
+        return launch, timed_out, time.perf_counter() - t0

@@ -86,6 +86,7 @@ class RankFailure:
     traceback: str = ""
     exitcode: int | None = None
     stderr_tail: str = ""
+    phase: str = ""  # "load", "init" (joining the process group) or "fn" (the learner's code)
 
     @property
     def consequence(self) -> bool:

@@ -259,3 +259,21 @@ def test_a_killed_kernel_takes_its_ranks_with_it(tmp_path):
     proc.kill()  # no finally: block runs; the lifeline must do the work
     proc.wait(10)
     assert_all_gone([server, *pids], within=10)
+
+
+def test_setup_failures_are_retried_then_reported(monkeypatch, capfd, spawned):
+    # An interface that does not exist makes every rank fail inside init_process_group, before the function.
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")
+    with pytest.raises(RankFailed) as err:
+        run(fn("def work():\n    return 1\n", "work"), 2, output="none")
+    assert err.value.failure.phase == "init"
+    log = capfd.readouterr().err
+    assert "attempt 2 of 3" in log and "attempt 3 of 3" in log
+    assert len(spawned) == 2 * 3
+
+
+def test_a_failure_in_the_learners_function_is_never_retried(spawned):
+    with pytest.raises(RankFailed) as err:
+        run(fn("def work():\n    raise KeyError('once')\n", "work"), 2, output="none")
+    assert err.value.failure.phase == "fn"
+    assert len(spawned) == 2

@@ -56,8 +56,8 @@ def check_collective(
     hint: str = "",
     timeout: float = 30.0,
     backend: str = "auto",
-) -> str:
-    """Compare ``learner(x)`` with ``reference(x)`` on real ranks for every case; print and return a pass line.
+) -> None:
+    """Compare ``learner(x)`` with ``reference(x)`` on real ranks for every case; print a pass line.
 
     ``make_input(rank, world_size, size, dtype)`` builds each rank's input; both functions return what the rank
     holds afterwards (a tensor or a list of tensors). Raises ExerciseFailed on the first differing case.
@@ -85,4 +85,3 @@ def check_collective(
     line = (f"✓ {exercise} passed: {cases} cases (world sizes {world_sizes}, sizes {sizes}, "
             f"dtypes {[str(d).replace('torch.', '') for d in dtypes]}), every rank matched torch's own result.")
     print(line)
-    return line
