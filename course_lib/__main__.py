@@ -1,4 +1,4 @@
-"""Command line: ``python -m course_lib doctor | bench launch``."""
+"""Command line: ``python -m course_lib doctor | bench launch | bench collectives | student``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,20 @@ import argparse
 import sys
 
 
+# Commands whose module owns its own arguments: everything after the command words is handed over unchanged.
+PASSTHROUGH = {
+    ("bench", "collectives"): ("course_lib.bench.collectives", "nccl-tests-style sweep of collectives (algbw, busbw)"),
+    ("student",): ("course_lib.student", "build student copies of the notebooks (solutions removed)"),
+}
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for words, (module, _) in PASSTHROUGH.items():
+        if tuple(argv[: len(words)]) == words:
+            import importlib
+
+            return importlib.import_module(module).main(argv[len(words):])
     parser = argparse.ArgumentParser(prog="python -m course_lib", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -21,6 +34,8 @@ def main(argv=None) -> int:
     bl.add_argument("--reps", type=int, default=20)
     bl.add_argument("--spawn-reps", type=int, default=3)
     bl.add_argument("--json", default=None, help="also write the figures to this file")
+    for words, (_, help_text) in PASSTHROUGH.items():
+        (bsub if words[0] == "bench" else sub).add_parser(words[-1], help=help_text + " (--help for its options)")
 
     args = parser.parse_args(argv)
     if args.cmd == "doctor":
