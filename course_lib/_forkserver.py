@@ -112,7 +112,13 @@ def serve(sock_fd: int) -> None:
                     for fd in (wake_r, wake_w, life_w):
                         os.close(fd)
                     sock.close()
-                    code = _rank_main.main(msg, fds, life_r)
+                    # A request may name another entry module (persistent ranks use their own loop).
+                    entry = _rank_main
+                    if msg.get("entry"):
+                        import importlib
+
+                        entry = importlib.import_module(msg["entry"])
+                    code = entry.main(msg, fds, life_r)
                 finally:
                     os._exit(code)
             for fd in fds:
