@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 # Commands whose module owns its own arguments: everything after the command words is handed over unchanged.
 PASSTHROUGH = {
     ("bench", "collectives"): ("course_lib.bench.collectives", "nccl-tests-style sweep of collectives (algbw, busbw)"),

@@ -66,16 +66,19 @@ def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
     from .devices import LaunchError, backend_available, plan
 
     cuda = torch.version.cuda
-    build = f"CUDA {cuda} build" if cuda else ("ROCm build" if getattr(torch.version, "hip", None) else "CPU-only build")
+    hip = getattr(torch.version, "hip", None)
+    build = f"CUDA {cuda} build" if cuda else ("ROCm build" if hip else "CPU-only build")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    have = ", ".join(f"{b} {'yes' if backend_available(b) else 'no'}" for b in ("gloo", "nccl", "mpi"))
     gpus = _gpus()
     lines = [
         "course_lib doctor",
         f"  python        {platform.python_version()} ({sys.executable})",
         f"  torch         {torch.__version__} ({build})",
-        "  backends      " + ", ".join(f"{b} {'yes' if backend_available(b) else 'no'}" for b in ("gloo", "nccl", "mpi")),
+        f"  backends      {have}",
         f"  cpu cores     {os.cpu_count()}",
         f"  GPUs          {len(gpus) or 'none visible'}"
-        + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})" if "CUDA_VISIBLE_DEVICES" in os.environ else ""),
+        + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""),
         *[f"                {g}" for g in gpus],
         "  interconnect  " + _topology().replace("\n", "\n                "),
     ]

@@ -10,7 +10,6 @@ import torch
 import course_lib
 from course_lib import LaunchError, RankFailed, run
 
-
 _CELLS = itertools.count(1)
 
 

@@ -27,7 +27,8 @@ def _fmt(t) -> str:
 
 def _same(a, b) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+        close = torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+        return a.shape == b.shape and a.dtype == b.dtype and close
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
@@ -72,9 +73,8 @@ def check_collective(
                     res = run(_both, world, args=(learner, reference, make_input, size, dtype), backend=backend,
                               timeout=timeout, output="none")
                 except RankFailed as exc:
-                    raise ExerciseFailed(
-                        f"{exercise}: your function failed with {case}.\n\n{exc}" + (f"\n\nHint: {hint}" if hint else "")
-                    ) from None
+                    why = f"{exercise}: your function failed with {case}.\n\n{exc}"
+                    raise ExerciseFailed(why + (f"\n\nHint: {hint}" if hint else "")) from None
                 for rank, (want, got) in enumerate(res.values):
                     if not _same(want, got):
                         raise ExerciseFailed(
