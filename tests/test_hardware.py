@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from course_lib import costmodel, hardware as hw
+from course_lib import costmodel
+from course_lib import hardware as hw
 
 
 # ----------------------------------------------------------------------------- tables
@@ -41,7 +42,8 @@ def test_bandwidth_directions_are_consistent():
 def test_reference_md_figures_in_the_tables():
     # REFERENCE.md: H100 NVLink 4 = 18 links, 900 GB/s both ways, 450 each way; PCIe 5 x16 ~64 GB/s each way
     h100 = hw.row("accelerators", "H100 SXM 80GB")
-    assert (h100["nvlink_links"], h100["nvlink_GBps_bidirectional"], h100["nvlink_GBps_one_direction"]) == (18, 900, 450)
+    nv = (h100["nvlink_links"], h100["nvlink_GBps_bidirectional"], h100["nvlink_GBps_one_direction"])
+    assert nv == (18, 900, 450)
     assert hw.row("links", "PCIe 5.0 x16")["GBps_one_direction"] == pytest.approx(64, rel=0.02)
     bloom = hw.row("training_runs", "BLOOM-176B")
     assert bloom["gpus"] == 384 and bloom["tflops_per_gpu"] == 150

@@ -57,7 +57,8 @@ def rack(n_servers: int = 4, gpus_per_server: int = 8, link_label: str = "server
         sid = f"r{idx}s{s}"
         nodes[sid] = _node("server", "server", x0 + s, 0, 0.85)
         edges.append({"a": sid, "b": tor, "kind": "network"})
-    return {"title": f"a rack: {n_servers} servers of {gpus_per_server} GPUs behind a top-of-rack switch", "nodes": nodes, "edges": edges,
+    title = f"a rack: {n_servers} servers of {gpus_per_server} GPUs behind a top-of-rack switch"
+    return {"title": title, "nodes": nodes, "edges": edges,
             "groups": [{"label": f"rack {idx}", "members": list(nodes)}], "legend": {"network": link_label}}
 
 
@@ -121,7 +122,7 @@ def draw(desc: dict, ax=None, box_h: float = 0.42):
         (x1, y1), (x2, y2) = _end(a, b), _end(b, a)
         color, lw, ls = EDGE_STYLES[e["kind"]]
         ax.plot([x1, x2], [y1, y2], color=color, lw=lw, ls=ls, zorder=1)
-    for nid, n in nodes.items():
+    for n in nodes.values():
         x, y = n["xy"]
         ax.add_patch(FancyBboxPatch((x - n["w"] / 2, y - box_h / 2), n["w"], box_h, boxstyle="round,pad=0.02",
                                     fc=NODE_COLORS[n["kind"]], ec="black", lw=0.8, zorder=2))
