@@ -1,4 +1,4 @@
-"""Command line: ``python -m course_lib doctor | bench launch | bench collectives | student``."""
+"""Command line: ``python -m course_lib doctor | bench launch | bench ceilings | bench collectives | student``."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     bl.add_argument("--reps", type=int, default=20)
     bl.add_argument("--spawn-reps", type=int, default=3)
     bl.add_argument("--json", default=None, help="also write the figures to this file")
+    bc = bsub.add_parser("ceilings", help="this machine's memcpy, loopback TCP and GPU copy bandwidth (one direction)")
+    bc.add_argument("--seconds", type=float, default=1.0, help="time spent on each measurement")
     for words, (_, help_text) in PASSTHROUGH.items():
         (bsub if words[0] == "bench" else sub).add_parser(words[-1], help=help_text + " (--help for its options)")
 
@@ -45,6 +47,11 @@ def main(argv=None) -> int:
         from .bench.launch import main as bench_launch
 
         bench_launch(tuple(args.ranks), args.reps, args.spawn_reps, args.json)
+        return 0
+    if args.cmd == "bench" and args.what == "ceilings":
+        from .bench.ceilings import main as ceilings
+
+        ceilings(args.seconds)
         return 0
     parser.error("unknown command")
     return 2
