@@ -120,6 +120,10 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
             dist.init_process_group(
                 msg["backend"], store=store, rank=rank, world_size=msg["world_size"], timeout=timeout, **extra
             )
+            # init_process_group returns when *this* rank's connections are up; without a barrier a fast rank can
+            # finish the function and close its sockets while a slow peer is still connecting to it, and that peer
+            # fails with "connectFullMesh failed ... Connection closed by peer" (seen here under load).
+            dist.barrier()
             times["init_s"] = time.perf_counter() - t0
         phase = "fn"
         os.write(res_fd, b"S")  # tells the kernel the learner's code has started: from here on, never retry
