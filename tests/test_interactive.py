@@ -1,0 +1,214 @@
+"""Persistent interactive ranks (course_lib.interactive): state between cells, output order, failures, restarts,
+interrupts and shutdown leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from course_lib import interactive
+from course_lib.interactive import CellFailed, Ranks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def gone(pid: int, zombie_ok: bool = False) -> bool:
+    """True when no process has this pid (with zombie_ok: or only an exited one its new parent has not reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return zombie_ok and f.read().rsplit(") ", 1)[1][0] == "Z"
+    except OSError:
+        return True
+
+
+def wait_gone(pids, within: float = 10.0, zombie_ok: bool = False) -> list[int]:
+    end = time.monotonic() + within
+    while time.monotonic() < end and not all(gone(p, zombie_ok) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not gone(p, zombie_ok)]
+
+
+@pytest.fixture(scope="module")
+def four():
+    group = Ranks(4, timeout=10).start()
+    yield group
+    group.stop()
+
+
+def test_variables_persist_across_cells(four):
+    four.run_cell("t = torch.tensor([rank + 1.0])", show=False)
+    four.run_cell("dist.all_reduce(t)", show=False)
+    res = four.run_cell("t * 2", show=False)
+    assert res.values == {r: "tensor([20.])" for r in range(4)}
+    assert [v.item() for v in four.pull("t")] == [10.0] * 4
+    assert four.pull("world_size") == [4] * 4 and four.pull("rank") == [0, 1, 2, 3]
+
+
+def test_output_arrives_in_rank_order(four, capsys):
+    # The last rank prints first and rank 0 last, yet the cell shows rank 0's lines first.
+    res = four.run_cell("import time\ntime.sleep(0.05 * (world_size - rank))\nprint('hello from', rank)\n"
+                        "print('second line', rank)\nrank")
+    out = capsys.readouterr().out.splitlines()
+    expected = []
+    for r in range(4):
+        expected += [f"[rank {r}] hello from {r}", f"[rank {r}] second line {r}", f"[rank {r}] Out: {r}"]
+    assert out == expected
+    assert res.stdout[3] == "hello from 3\nsecond line 3\n"
+
+
+def test_subset_of_ranks_and_pull(four):
+    res = four.run_cell("y = 10 * rank\nprint('ran on', rank)", ranks=[0, 2], show=False)
+    assert sorted(res.stdout) == [0, 2]
+    assert four.pull("y", ranks=[0, 2]) == [0, 20]
+    with pytest.raises(KeyError, match="rank 1 has no variable 'y'"):
+        four.pull("y")
+    with pytest.raises(ValueError):
+        four.run_cell("pass", ranks=[7])
+
+
+def test_figure_comes_back_from_the_rank_that_draws(four):
+    res = four.run_cell("if rank == 1:\n    import matplotlib.pyplot as plt\n    plt.plot([0, rank])", show=False)
+    assert [len(res.figures[r]) for r in range(4)] == [0, 1, 0, 0]
+    assert res.figures[1][0].startswith(b"\x89PNG")
+
+
+def test_failing_rank_is_named_and_waiting_peers_are_released_within_the_timeout():
+    with Ranks(3, timeout=3) as group:
+        group.run_cell("t = torch.ones(2)", show=False)
+        t0 = time.monotonic()
+        with pytest.raises(CellFailed) as info:
+            group.run_cell("if rank == 1:\n    raise ValueError('boom on one rank')\ndist.all_reduce(t)", show=False)
+        waited = time.monotonic() - t0
+        err = info.value
+        assert err.rank == 1 and err.failure.etype == "ValueError"
+        assert "rank 1 raised ValueError: boom on one rank" in str(err)
+        assert "raise ValueError('boom on one rank')" in str(err)  # the cell's own line, from the rank
+        # Ranks 0 and 2 waited in all_reduce for rank 1; the 3 s timeout released them (not gloo's 30 min).
+        assert sorted(o.rank for o in err.others) == [0, 2]
+        assert all("Timed out" in o.message for o in err.others)
+        assert waited < 3 + 10
+        assert "restart" in str(err)
+        group.restart()
+        assert group.run_cell("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", show=False).values[2] == "3.0"
+
+
+def test_a_dead_rank_breaks_the_group_until_restart():
+    with Ranks(2, timeout=5) as group:
+        with pytest.raises(CellFailed) as info:
+            group.run_cell("import os\nif rank == 1:\n    os._exit(3)", show=False)
+        assert info.value.rank == 1 and "code 3" in str(info.value)
+        with pytest.raises(RuntimeError, match="restart"):
+            group.run_cell("pass")
+        group.restart()
+        assert group.run_cell("rank", show=False).values == {0: "0", 1: "1"}
+
+
+def test_restart_ten_times_in_a_row():
+    group = Ranks(2, timeout=10).start()
+    try:
+        seen = []
+        for i in range(10):
+            old = group.pids
+            group.restart()
+            assert wait_gone(old) == []
+            seen += group.pids
+            res = group.run_cell(f"t = torch.tensor([{i} + rank])\ndist.all_reduce(t)\nt.item()", show=False)
+            assert res.values == {0: str(2 * i + 1), 1: str(2 * i + 1)}
+        assert len(set(seen)) == 20
+    finally:
+        group.stop()
+    assert wait_gone(seen) == []
+
+
+def test_magic_commands():
+    interactive.ranks_magic("start 2 --timeout 10")
+    try:
+        group = interactive.current()
+        interactive.ranks_magic("", "a = torch.full((2,), float(rank))")
+        interactive.ranks_magic("0", "a += 5")
+        got = interactive.ranks_magic("pull a")
+        assert [v.tolist() for v in got] == [[5.0, 5.0], [1.0, 1.0]]
+        assert torch.equal(interactive.ranks_magic("pull a 1")[0], torch.ones(2))
+        pids = group.pids
+        interactive.ranks_magic("restart")
+        assert wait_gone(pids) == []
+        with pytest.raises(CellFailed, match="NameError"):
+            interactive.ranks_magic("", "a")  # a new group starts with empty namespaces
+    finally:
+        pids = interactive.current().pids
+        interactive.ranks_magic("stop")
+    assert wait_gone(pids) == []
+
+
+KERNEL = textwrap.dedent("""
+    import sys
+    from course_lib._forkserver import get_server
+    from course_lib.interactive import Ranks
+    group = Ranks(2, timeout=60).start()
+    print("PIDS", *group.pids, get_server().proc.pid, flush=True)
+    group.run_cell("x = 41 + rank", show=False)
+    if sys.argv[1] == "kill":
+        print("BUSY", flush=True)
+        group.run_cell("import time; time.sleep(120)", show=False)
+    for code, ranks in (("import time; time.sleep(120)", None), ("dist.all_reduce(torch.ones(1))", [0])):
+        print("BUSY", flush=True)  # the test now sends SIGINT, as Jupyter's stop button does
+        try:
+            group.run_cell(code, ranks, show=False)
+        except KeyboardInterrupt:
+            pass
+        print("AFTER", *group.pids, group.run_cell("'x' in globals()", show=False).values[1], flush=True)
+""")
+
+
+def _kernel(mode: str):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", KERNEL, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT)
+    first = proc.stdout.readline().split()
+    assert first and first[0] == "PIDS", proc.stderr.read()
+    return proc, [int(p) for p in first[1:]]
+
+
+def test_interrupt_reaches_ranks_and_exit_leaves_no_process():
+    proc, pids = _kernel("interrupt")
+    try:
+        ranks = pids[:2]
+        assert proc.stdout.readline().strip() == "BUSY"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        # Ranks in Python code get KeyboardInterrupt and keep their variables (same pids, x still defined).
+        assert proc.stdout.readline().split() == ["AFTER", *map(str, ranks), "True"]
+        assert proc.stdout.readline().strip() == "BUSY"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        # Rank 0 alone in all_reduce is blocked in C++: after the grace the group is restarted, namespaces empty.
+        after = proc.stdout.readline().split()
+        assert after[0] == "AFTER" and after[-1] == "False"
+        new = [int(p) for p in after[1:-1]]
+        assert not set(new) & set(ranks) and wait_gone(ranks) == []
+        assert proc.wait(30) == 0
+        assert "stayed blocked inside C++" in proc.stderr.read()
+        assert wait_gone(new) == []  # a normal exit stops the group (atexit)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_killed_kernel_leaves_no_process():
+    proc, pids = _kernel("kill")
+    assert proc.stdout.readline().strip() == "BUSY"
+    proc.kill()  # no atexit: the rank server sees its socket close, and the ranks their lifeline
+    proc.wait()
+    # The orphans are reparented; a container's init may be slow to reap them, so an exited zombie counts as gone.
+    assert wait_gone(pids, zombie_ok=True) == []
