@@ -158,3 +158,26 @@ def test_tracing_off_records_nothing_and_costs_no_copies():
     # every trace use is behind `if trace is not None` (the snapshot clone happens only then)
     src = inspect.getsource(ring)
     assert src.count("trace.record(") == src.count("if trace is not None:\n            trace.record(")
+
+
+def _segmented(n, seg_bytes):
+    import torch.distributed as dist
+
+    from course_lib.collectives import Traffic, ring, ring_all_reduce
+
+    ring.SEGMENT_BYTES = seg_bytes          # this rank process only: small segments, many pieces per chunk
+    x = _input(dist.get_rank(), n, torch.float64, 3)
+    want = x.clone()
+    dist.all_reduce(want)
+    t = Traffic()
+    ring_all_reduce(x, traffic=t)
+    return torch.allclose(x, want), t.bytes_sent
+
+
+@pytest.mark.parametrize("world,n", [(2, 7), (3, 13), (4, 101), (5, 3)])
+def test_ring_in_segments_gives_the_same_result_and_bytes(world, n):
+    from course_lib.collectives import chunk_bounds
+
+    res = run(_segmented, world, args=(n, 16), timeout=60, output="none")   # 2 float64 per segment
+    sizes = [b - a for a, b in chunk_bounds(n, world)]
+    assert res.values == [(True, (2 * n - sizes[r] - sizes[(r + 1) % world]) * 8) for r in range(world)]

@@ -121,7 +121,7 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
                         fn()
                     sync()
                     est = _max_over_ranks((time.perf_counter() - t0) / max(warmup, 1), dev)
-                    n_it[op] = max(1, min(iters, int(seconds_per_point / blocks / max(est, 1e-9))))
+                    n_it[op] = max(2, min(iters, int(seconds_per_point / blocks / max(est, 1e-9))))
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(n_it[op]):

@@ -26,20 +26,51 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     return bounds
 
 
+SEGMENT_BYTES = 1 << 20   # as gloo (gloo/allreduce.cc): pieces of at most 1 MiB, so each add works on cached data
+
+
+def _pieces(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
+    return [(a, min(a + seg, hi)) for a in range(lo, hi, seg)]
+
+
 def _reduce_scatter(flat, bounds, op, traffic, trace) -> None:
-    """p-1 steps; afterwards chunk r of rank r holds the reduction of every rank's chunk r."""
+    """p-1 steps; afterwards chunk r of rank r holds the reduction of every rank's chunk r.
+
+    Within a step the chunk moves in segments of at most SEGMENT_BYTES, two receives in flight: adding one
+    segment overlaps receiving the next, and the segment just received is still in the CPU cache when added.
+    Same bytes, same steps as sending the chunk whole (the notebook's version); only faster for big tensors.
+    """
     rank, p = dist.get_rank(), dist.get_world_size()
     combine = reducer(op)
-    tmp = torch.empty(max(hi - lo for lo, hi in bounds), dtype=flat.dtype, device=flat.device)
+    seg = max(1, SEGMENT_BYTES // flat.element_size())
+    tmp = torch.empty(2 * min(seg, max(hi - lo for lo, hi in bounds)), dtype=flat.dtype, device=flat.device)
+    right, left = (rank + 1) % p, (rank - 1) % p
     for s in range(p - 1):
         # Shifted by one so the chunk finished last is chunk r, as in torch's reduce_scatter.
         out_c, in_c = (rank - s - 1) % p, (rank - s - 2) % p
         (olo, ohi), (ilo, ihi) = bounds[out_c], bounds[in_c]
-        buf = tmp[: ihi - ilo]
-        exchange(flat[olo:ohi], (rank + 1) % p, buf, (rank - 1) % p, traffic)
-        combine(flat[ilo:ihi], buf)
+        sends = [dist.isend(flat[a:b], right) for a, b in _pieces(olo, ohi, seg)]
+        pieces = _pieces(ilo, ihi, seg)
+
+        def post(k):
+            a, b = pieces[k]
+            return dist.irecv(tmp[(k % 2) * seg:(k % 2) * seg + (b - a)], left)
+
+        pending = [post(k) for k in range(min(2, len(pieces)))]
+        for k, (a, b) in enumerate(pieces):
+            pending[k].wait()
+            combine(flat[a:b], tmp[(k % 2) * seg:(k % 2) * seg + (b - a)])
+            if k + 2 < len(pieces):
+                pending.append(post(k + 2))
+        for w in sends:
+            w.wait()
+        if traffic is not None:
+            es = flat.element_size()
+            traffic.bytes_sent += (ohi - olo) * es
+            traffic.bytes_recv += (ihi - ilo) * es
+            traffic.messages_sent += len(sends)
         if trace is not None:
-            trace.record("reduce-scatter", [(rank, (rank + 1) % p, out_c, (ohi - olo) * flat.element_size())], flat)
+            trace.record("reduce-scatter", [(rank, right, out_c, (ohi - olo) * flat.element_size())], flat)
 
 
 def _all_gather(flat, bounds, traffic, trace) -> None:
