@@ -39,7 +39,19 @@ class CellFailed(RankFailed):
         return super()._text() + (f"\n\n{self.note}" if self.note else "")
 
     def _render_traceback_(self):  # IPython shows this instead of the kernel-side stack, which teaches nothing
-        return [f"CellFailed: {line}" if i == 0 else line for i, line in enumerate(str(self).split("\n"))]
+        return str(self).split("\n")
+
+
+_FAILURE_CLASSES: dict[str, type] = {}
+
+
+def _failure_class(etype: str) -> type:
+    """A CellFailed subclass named after the rank's exception, so the cell shows e.g. ``ValueError``."""
+    if not etype.isidentifier():
+        return CellFailed
+    if etype not in _FAILURE_CLASSES:
+        _FAILURE_CLASSES[etype] = type(etype, (CellFailed,), {"__module__": __name__})
+    return _FAILURE_CLASSES[etype]
 
 
 class CellResult:
@@ -362,7 +374,7 @@ class Ranks:
             note = "The other ranks' variables are kept; fix the cell and run it again."
         if result.failures:
             first = min(result.failures, key=lambda f: (f.consequence, f.time))
-            raise CellFailed(first, [f for f in result.failures if f is not first], note)
+            raise _failure_class(first.etype)(first, [f for f in result.failures if f is not first], note)
         return result
 
     def _interrupt(self, procs, seq, show) -> None:
@@ -468,12 +480,19 @@ def _parse_ranks(text: str):
 
 
 def ranks_magic(line: str, cell: str | None = None):
-    """%ranks start [N] [--backend B] [--timeout S] [--check] | stop | restart | pull NAME [ranks]; %%ranks [ranks]."""
+    """%ranks start [N] [--backend B] [--timeout S] [--check] | stop | restart | pull NAME [ranks] | status;
+    %%ranks [ranks] [--catch] runs the cell on those ranks (default all)."""
     global _current
     if cell is not None:
         if _current is None or not _current.procs:
             raise RuntimeError("no ranks are running: start them first with %ranks start 4")
-        _current.run_cell(cell, _parse_ranks(line))
+        words = line.split()
+        try:
+            _current.run_cell(cell, _parse_ranks(" ".join(w for w in words if w != "--catch")))
+        except CellFailed as err:
+            if "--catch" not in words:  # --catch: show the failure without stopping "Run All" (for demos)
+                raise
+            print(err, file=sys.stderr)
         return None
     words = line.split()
     cmd, args = (words[0], words[1:]) if words else ("status", [])

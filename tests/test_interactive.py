@@ -92,6 +92,7 @@ def test_failing_rank_is_named_and_waiting_peers_are_released_within_the_timeout
         waited = time.monotonic() - t0
         err = info.value
         assert err.rank == 1 and err.failure.etype == "ValueError"
+        assert type(err).__name__ == "ValueError"  # the cell shows the rank's exception type, like a local cell
         assert "rank 1 raised ValueError: boom on one rank" in str(err)
         assert "raise ValueError('boom on one rank')" in str(err)  # the cell's own line, from the rank
         # Ranks 0 and 2 waited in all_reduce for rank 1; the 3 s timeout released them (not gloo's 30 min).
@@ -145,6 +146,7 @@ def test_magic_commands():
         assert wait_gone(pids) == []
         with pytest.raises(CellFailed, match="NameError"):
             interactive.ranks_magic("", "a")  # a new group starts with empty namespaces
+        interactive.ranks_magic("1 --catch", "a")  # --catch shows the failure and does not raise
     finally:
         pids = interactive.current().pids
         interactive.ranks_magic("stop")
