@@ -53,7 +53,7 @@ def _torch_broadcast(t, src):
     return t
 
 
-def check_broadcast(my_broadcast, exercise: str = "Exercise 4.2 (broadcast from send/recv)", worlds=WORLDS) -> str:
+def check_broadcast(my_broadcast, exercise: str = "Exercise 4.2 (broadcast from send/recv)", worlds=WORLDS):
     """``my_broadcast(t, src)`` must leave src's tensor in ``t`` on every rank and return ``t``; src is the last rank."""
     return _checked(
         exercise,
@@ -73,7 +73,7 @@ def _torch_all_gather(t):
     return out
 
 
-def check_all_gather(my_all_gather, exercise: str = "Exercise 4.3 (all-gather from send/recv)", worlds=WORLDS) -> str:
+def check_all_gather(my_all_gather, exercise: str = "Exercise 4.3 (all-gather from send/recv)", worlds=WORLDS):
     """``my_all_gather(t)`` must return a list whose entry j is rank j's tensor, on every rank (like dist.all_gather)."""
     return _checked(
         exercise,
@@ -92,7 +92,7 @@ def _torch_from_left(t):
     return _torch_all_gather(t)[(rank - 1) % world]
 
 
-def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1 (fix the deadlock)", worlds=WORLDS) -> str:
+def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1 (fix the deadlock)", worlds=WORLDS):
     """``ring_exchange(t)`` sends t to rank+1 and returns what came from rank-1; it must finish (5 s per case)."""
     return _checked(
         exercise,
@@ -127,7 +127,7 @@ def _torch_odd_all_reduce(t):
 
 
 def check_odd_group_all_reduce(odd_all_reduce, exercise: str = "Exercise 3.1 (all-reduce among the odd ranks)",
-                               worlds=WORLDS) -> str:
+                               worlds=WORLDS):
     """``odd_all_reduce(t)`` sums t over the odd ranks only (even ranks keep theirs) and returns t, on every rank."""
     return _checked(
         exercise,
@@ -148,7 +148,7 @@ def _torch_all_reduce(t):
 
 
 def check_all_reduce(my_all_reduce, exercise: str = "Exercise 5.2 (all-reduce from reduce-scatter + all-gather)",
-                     worlds=WORLDS) -> str:
+                     worlds=WORLDS):
     """``my_all_reduce(t)`` must return the sum of every rank's t, for sizes that do not divide by the world size."""
     return _checked(
         exercise,
