@@ -8,6 +8,7 @@ import sys
 # Commands whose module owns its own arguments: everything after the command words is handed over unchanged.
 PASSTHROUGH = {
     ("bench", "collectives"): ("course_lib.bench.collectives", "nccl-tests-style sweep of collectives (algbw, busbw)"),
+    ("bench", "interactive"): ("course_lib.bench.interactive", "persistent ranks: group start and cell round trip"),
     ("student",): ("course_lib.student", "build student copies of the notebooks (solutions removed)"),
 }
 

@@ -16,10 +16,9 @@ import sys
 import threading
 import time
 import traceback
-from datetime import timedelta
 
 from ._forkserver import _recv, _send
-from ._rank_main import _redirect, _to_cpu, _watch_lifeline
+from ._rank_main import _redirect, _to_cpu, _watch_lifeline, init_group
 
 _THIS = os.path.basename(__file__)
 
@@ -35,15 +34,9 @@ def _init_group(msg: dict):
 
     torch.set_num_threads(msg["threads"])
     dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import, in the server
-    store = dist.FileStore(msg["store_file"], msg["world_size"])
-    extra = {}
-    if msg["backend"] == "nccl":
-        torch.cuda.set_device(msg["local_rank"])
-        extra["device_id"] = torch.device("cuda", msg["local_rank"])
-    # A short timeout (30 s by default, not gloo's 30 min): a rank left waiting in a collective by a peer whose
-    # cell failed gets its error back while the learner is still looking at the cell.
-    dist.init_process_group(msg["backend"], store=store, rank=msg["rank"], world_size=msg["world_size"],
-                            timeout=timedelta(seconds=msg["timeout"]), **extra)
+    # msg["timeout"] is short (30 s by default, not gloo's 30 min): a rank left waiting in a collective by a peer
+    # whose cell failed gets its error back while the learner is still looking at the cell.
+    init_group(msg)
 
 
 def _namespace(msg: dict) -> dict:

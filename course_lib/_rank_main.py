@@ -80,6 +80,26 @@ def _rss_bytes() -> dict:
     return out
 
 
+def init_group(msg: dict) -> None:
+    """Join the default process group through the launch's FileStore (NCCL on cuda:local_rank, else gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=msg["timeout"])
+    store = dist.FileStore(msg["store_file"], msg["world_size"])
+    extra = {}
+    if msg["backend"] == "nccl":
+        torch.cuda.set_device(msg["local_rank"])
+        extra["device_id"] = torch.device("cuda", msg["local_rank"])
+    dist.init_process_group(
+        msg["backend"], store=store, rank=msg["rank"], world_size=msg["world_size"], timeout=timeout, **extra
+    )
+    # init_process_group returns when *this* rank's connections are up; without a barrier a fast rank can finish
+    # the function and close its sockets while a slow peer is still connecting to it, and that peer fails with
+    # "connectFullMesh failed ... Connection closed by peer" (seen here under load).
+    dist.barrier()
+
+
 def main(msg: dict, fds: list[int], life_fd: int) -> int:
     """Entry point in the forked child; returns the exit code."""
     out_fd, err_fd, res_fd = fds
@@ -102,7 +122,6 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
     # torch reads TORCH_DISTRIBUTED_DEBUG when torch.distributed is imported, which happened in the server.
     dist.set_debug_level_from_env()
 
-    rank = msg["rank"]
     times: dict[str, float] = {}
     code = 0
     phase = "load"
@@ -111,19 +130,7 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         phase = "init"
         if msg["init"]:
             t0 = time.perf_counter()
-            timeout = timedelta(seconds=msg["timeout"])
-            store = dist.FileStore(msg["store_file"], msg["world_size"])
-            extra = {}
-            if msg["backend"] == "nccl":
-                torch.cuda.set_device(msg["local_rank"])
-                extra["device_id"] = torch.device("cuda", msg["local_rank"])
-            dist.init_process_group(
-                msg["backend"], store=store, rank=rank, world_size=msg["world_size"], timeout=timeout, **extra
-            )
-            # init_process_group returns when *this* rank's connections are up; without a barrier a fast rank can
-            # finish the function and close its sockets while a slow peer is still connecting to it, and that peer
-            # fails with "connectFullMesh failed ... Connection closed by peer" (seen here under load).
-            dist.barrier()
+            init_group(msg)
             times["init_s"] = time.perf_counter() - t0
         phase = "fn"
         os.write(res_fd, b"S")  # tells the kernel the learner's code has started: from here on, never retry
@@ -132,6 +139,9 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         times["fn_s"] = time.perf_counter() - t1
         if dist.is_initialized():
             t2 = time.perf_counter()
+            # Same race as at setup, for groups the function made (dist.new_group): a rank that returns at once
+            # must not close its sockets while a slower peer is still connecting to it.
+            dist.barrier()
             dist.destroy_process_group()
             times["teardown_s"] = time.perf_counter() - t2
         payload = {"ok": True, "value": _to_cpu(value), "times": times, "memory": _rss_bytes()}

@@ -13,12 +13,7 @@ from course_lib.student import BEGIN, END, main, strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKED = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if BEGIN in p.read_text(encoding="utf-8"))
-# Notebooks whose check cells call core.check_collective directly: it wraps a learner's NotImplementedError in
-# ExerciseFailed (checks/primitives.py translates it back). Until core does that itself, they are expected to fail.
-CORE_WRAPS = {"00", "06"}
-RUNS = [pytest.param(p, marks=pytest.mark.xfail(reason="core.check_collective turns NotImplementedError into "
-                                                       "ExerciseFailed (reported)", strict=False))
-        if p.name[:2] in CORE_WRAPS else p for p in WORKED]
+RUNS = WORKED
 
 
 def _src(cell):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ..launch import run
-from ..results import RankFailed
+from ..results import RankFailed, RankTimeout
 
 
 class ExerciseFailed(AssertionError):
@@ -73,7 +73,10 @@ def check_collective(
                     res = run(_both, world, args=(learner, reference, make_input, size, dtype), backend=backend,
                               timeout=timeout, output="none")
                 except RankFailed as exc:
-                    why = f"{exercise}: your function failed with {case}.\n\n{exc}"
+                    if exc.failure.etype == "NotImplementedError":  # a student copy: the exercise is not done yet
+                        raise NotImplementedError(f"{exercise}: {exc.failure.message}") from None
+                    what = "did not finish in time (a deadlock?)" if isinstance(exc, RankTimeout) else "failed"
+                    why = f"{exercise}: your function {what} with {case}.\n\n{exc}"
                     raise ExerciseFailed(why + (f"\n\nHint: {hint}" if hint else "")) from None
                 for rank, (want, got) in enumerate(res.values):
                     if not _same(want, got):
