@@ -1,0 +1,1 @@
+"""torchrun-ready entry points: `torchrun --standalone --nproc-per-node=N -m course_lib.labs.<name> ...`."""

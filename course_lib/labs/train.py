@@ -1,0 +1,85 @@
+"""Lab: the same data-parallel trainers as notebooks 08-10, under torchrun.
+
+    torchrun --standalone --nproc-per-node=4 -m course_lib.labs.train --arch ps|allreduce|ddp [--steps 20] ...
+
+Reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun; NCCL on cuda:LOCAL_RANK when there is a GPU per local rank,
+else gloo on CPU. Every rank prints one summary line; rank 0 prints whether the final weights equal single-process
+SGD on the combined batch (the synchronous architectures must).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ..training import train_single
+from ..training.allreduce import dp_train
+from ..training.ps import ps_train
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m course_lib.labs.train", description=__doc__.split("\n")[0])
+    p.add_argument("--arch", choices=["ps", "allreduce", "ddp"], required=True)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--servers", type=int, default=1, help="ps: parameter-server ranks (the first ranks)")
+    p.add_argument("--mode", choices=["sync", "async"], default="sync", help="ps only")
+    p.add_argument("--collective", choices=["torch", "ring"], default="torch", help="allreduce only")
+    p.add_argument("--link", default=None, help="emulate a link for point-to-point messages, e.g. '1 GbE'")
+    p.add_argument("--no-check", action="store_true", help="skip the single-process comparison on rank 0")
+    return p.parse_args(argv)
+
+
+def _init():
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if torch.cuda.is_available() and torch.cuda.device_count() >= nproc:
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo")
+
+
+@record
+def main(argv=None) -> int:
+    a = _args(argv)
+    _init()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    common = dict(steps=a.steps, batch_size=a.batch_size, lr=a.lr, hidden=a.hidden, link=a.link)
+    if a.arch == "ps":
+        out = ps_train(n_servers=a.servers, mode=a.mode, **common)
+        n_workers = world - a.servers
+    else:
+        out = dp_train(method="ddp" if a.arch == "ddp" else "bucket", bucket_bytes=1 << 30,
+                       collective=a.collective if a.arch == "allreduce" else "torch", **common)
+        n_workers = world
+    sent = sum(s for s, _ in out["traffic"]) / max(1, len(out["traffic"]))
+    recv = sum(r for _, r in out["traffic"]) / max(1, len(out["traffic"]))
+    role = out.get("role", "worker")
+    line = (f"[rank {rank}/{world}] arch={a.arch} role={role} backend={dist.get_backend()} "
+            f"p2p bytes/step sent={sent:.0f} recv={recv:.0f}")
+    if out.get("losses"):
+        line += f" loss {out['losses'][0]:.4f} -> {out['losses'][-1]:.4f}"
+        line += f" median step {statistics.median(out['step_s']) * 1e3:.1f} ms"
+    print(line, flush=True)
+    ok = True
+    if rank == (a.servers if a.arch == "ps" else 0) and not a.no_check and a.mode == "sync":
+        ref, _ = train_single(n_workers, a.steps, a.batch_size, a.lr, a.hidden)
+        diff = (out["params"].cpu() - ref).abs().max().item()
+        ok = diff < 1e-4
+        print(f"[rank {rank}] final weights vs single process on the combined batch: max |diff| = {diff:.2e} "
+              f"({'EQUAL' if ok else 'DIFFERENT'})", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

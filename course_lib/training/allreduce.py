@@ -1,0 +1,165 @@
+"""All-reduce data parallel (数据并行) three ways: every gradient on its own, flattened buckets, torch DDP.
+
+Taught in notebooks/09_all_reduce_data_parallel.ipynb. Every rank is a worker with the same initial weights
+(same seed) and its own data shard; after backward the gradients are averaged with all-reduce, so every replica
+takes the same SGD step as one process on the combined batch. "naive": one all-reduce per parameter tensor;
+"bucket": gradients copied into flat buckets of at most bucket_bytes (in reverse order, as DDP fills them) and
+one all-reduce per bucket, launched from gradient hooks during backward when overlap=True; "ddp":
+torch.nn.parallel.DistributedDataParallel (Li et al., VLDB 2020), with no_sync() for gradient accumulation.
+collective="ring" uses the course's ring from point-to-point messages (notebook 06) instead of dist.all_reduce,
+so that traffic.metered counts its bytes and netem.emulate delays them: the fair comparison with the PS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import device
+from ..collectives import ring_all_reduce
+from .data import load_digits, worker_batch
+from .model import flat_params, make_mlp
+from .netem import emulate
+from .timeline import Timeline, region
+from .traffic import Meter, metered
+
+
+def _all_reduce(collective: str):
+    if collective == "torch":
+        return dist.all_reduce
+    if collective == "ring":
+        return ring_all_reduce
+    raise ValueError(f"collective must be 'torch' or 'ring', got {collective!r}")
+
+
+def buckets(params: list, bucket_bytes: int) -> list[list]:
+    """Group parameters, last layer first (the order backward produces their gradients), into buckets of at most
+    bucket_bytes each (a parameter larger than that gets a bucket of its own)."""
+    out, cur, size = [], [], 0
+    for p in reversed(params):
+        b = p.numel() * p.element_size()
+        if cur and size + b > bucket_bytes:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(p)
+        size += b
+    if cur:
+        out.append(cur)
+    return out
+
+
+class BucketReducer:
+    """Average gradients bucket by bucket. With overlap, a bucket's all-reduce starts (async_op) from a gradient
+    hook as soon as its last gradient is ready, while backward continues; finish() waits for all of them."""
+
+    def __init__(self, model: nn.Module, bucket_bytes: int, all_reduce, overlap: bool = False):
+        self.groups = buckets(list(model.parameters()), bucket_bytes)
+        self.all_reduce, self.overlap, self.works = all_reduce, overlap, []
+        self.ready = [0] * len(self.groups)
+        if overlap:
+            if all_reduce is not dist.all_reduce:
+                raise ValueError("overlap needs an asynchronous all-reduce: use collective='torch'")
+            for i, group in enumerate(self.groups):
+                for p in group:
+                    p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_ready(i))
+
+    def _grad_ready(self, i):
+        self.ready[i] += 1
+        if self.ready[i] == len(self.groups[i]) and self.armed:
+            self._launch(i)
+
+    def _launch(self, i):
+        with region("comm", f"bucket {i} launch" if self.overlap else f"all-reduce bucket {i}"):
+            flat = torch.cat([p.grad.reshape(-1) for p in self.groups[i]])
+            if self.overlap:
+                self.works.append((i, flat, dist.all_reduce(flat, async_op=True)))
+            else:
+                self.all_reduce(flat)
+                self._unflatten(i, flat)
+
+    def _unflatten(self, i, flat):
+        n, off = dist.get_world_size(), 0
+        for p in self.groups[i]:
+            p.grad.copy_(flat[off:off + p.numel()].view_as(p) / n)
+            off += p.numel()
+
+    def arm(self, armed: bool = True):
+        """Only the last micro-batch's backward launches all-reduces (earlier ones just accumulate)."""
+        self.armed, self.ready = armed, [0] * len(self.groups)
+
+    def finish(self):
+        if not self.overlap:
+            for i in range(len(self.groups)):
+                self._launch(i)
+            return
+        with region("wait", "buckets in flight"):
+            for i, flat, work in self.works:
+                work.wait()
+                self._unflatten(i, flat)
+        self.works = []
+
+
+def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int = 256, seed: int = 0,
+             method: str = "naive", collective: str = "torch", bucket_bytes: int = 1 << 20, overlap: bool = False,
+             accum: int = 1, link=None, profile: bool = False) -> dict:
+    """Run on every rank: data-parallel SGD where each of the world's ranks trains on its own shard.
+
+    accum > 1 splits each rank's batch into `accum` micro-batches and all-reduces once per step (DDP: no_sync on
+    all but the last). Returns final flat parameters, per-step losses, seconds and bytes (sent, received; only the
+    course ring's messages are counted), and timeline events.
+    """
+    if method not in ("naive", "bucket", "ddp"):
+        raise ValueError(f"method must be 'naive', 'bucket' or 'ddp', got {method!r}")
+    if batch_size % accum:
+        raise ValueError(f"batch_size {batch_size} must split into accum={accum} equal micro-batches")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dev = device()
+    model = make_mlp(hidden, seed).to(dev)
+    all_reduce = _all_reduce(collective)
+    reducer = None
+    if method == "ddp":
+        if collective != "torch":
+            raise ValueError("DDP all-reduces inside torch's process group: use collective='torch'")
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
+                                                    bucket_cap_mb=bucket_bytes / 2**20)
+    elif method == "bucket":
+        reducer = BucketReducer(model, bucket_bytes, all_reduce, overlap)
+    x, y = load_digits()
+    meter, tl = Meter(), Timeline(profile)
+    losses, step_s = [], []
+    with emulate(link), metered(meter), tl:
+        for step in range(steps):
+            t = time.perf_counter()
+            xb, yb = worker_batch(x, y, rank, n, batch_size, step, seed)
+            model.zero_grad()
+            total = 0.0
+            for j, (xm, ym) in enumerate(zip(xb.chunk(accum), yb.chunk(accum))):
+                last = j == accum - 1
+                if reducer:
+                    reducer.arm(last)
+                sync = contextlib.nullcontext() if method != "ddp" or last else model.no_sync()
+                with sync, region("compute", "forward+backward"):
+                    loss = nn.functional.cross_entropy(model(xm.to(dev)), ym.to(dev)) / accum
+                    loss.backward()
+                total += loss.item()
+            if method == "naive":
+                for p in model.parameters():
+                    with region("comm", "all-reduce grad"):
+                        all_reduce(p.grad)
+                        p.grad /= n
+            elif reducer:
+                reducer.finish()
+            with region("compute", "sgd step"), torch.no_grad():
+                for p in model.parameters():   # plain SGD by hand: torch.optim's first step costs seconds per process
+                    p -= lr * p.grad
+            meter.step()
+            losses.append(total)
+            step_s.append(time.perf_counter() - t)
+    inner = model.module if method == "ddp" else model
+    flat = flat_params(inner)
+    return {"params": flat.cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
+            "timeline": tl.events, "model_bytes": flat.numel() * flat.element_size()}

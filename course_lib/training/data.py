@@ -1,0 +1,46 @@
+"""The UCI handwritten digits (data/digits.csv.gz, see data/digits_SOURCE.md) and each worker's own shard of it.
+
+Taught in notebooks/08_parameter_server.ipynb. Every worker reads only its shard; `combined_batch` is the batch a
+single process would see if it took every worker's batch of that step at once (the equivalence the notebooks assert).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import torch
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+
+def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """1797 images as float32 rows of 64 pixels scaled to 0..1, and their labels 0-9 (int64). No network."""
+    with gzip.open(DATA_DIR / "digits.csv.gz", "rt") as f:
+        rows = [[float(v) for v in line.split(",")] for line in f if line.strip()]
+    t = torch.tensor(rows)
+    return t[:, :64] / 16.0, t[:, 64].long()
+
+
+def shard_indices(n_samples: int, worker: int, n_workers: int, seed: int = 0) -> torch.Tensor:
+    """This worker's slice of one fixed shuffle: equal, disjoint shards (the remainder n % workers is left out)."""
+    if not 0 <= worker < n_workers:
+        raise ValueError(f"worker {worker} is not in 0..{n_workers - 1}")
+    perm = torch.randperm(n_samples, generator=torch.Generator().manual_seed(seed))
+    size = n_samples // n_workers
+    return perm[worker * size:(worker + 1) * size]
+
+
+def worker_batch(x: torch.Tensor, y: torch.Tensor, worker: int, n_workers: int, batch_size: int, step: int,
+                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch worker `worker` trains on at `step`: consecutive samples of its shard, wrapping round at the end."""
+    idx = shard_indices(len(x), worker, n_workers, seed)
+    pos = torch.arange(step * batch_size, (step + 1) * batch_size) % len(idx)
+    return x[idx[pos]], y[idx[pos]]
+
+
+def combined_batch(x: torch.Tensor, y: torch.Tensor, n_workers: int, batch_size: int, step: int,
+                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every worker's batch of `step`, concatenated: what one process trains on to match n synchronous workers."""
+    parts = [worker_batch(x, y, w, n_workers, batch_size, step, seed) for w in range(n_workers)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

@@ -1,0 +1,145 @@
+"""A parameter server (参数服务器) over point-to-point messages: synchronous, asynchronous, sharded over k servers.
+
+Taught in notebooks/08_parameter_server.ipynb (built there cell by cell first; this is the reference version).
+Ranks 0..k-1 are servers, each owning one contiguous shard of the flat parameter vector (chunk_bounds, as the
+ring's chunks); ranks k..world-1 are workers, each with its own data shard. Synchronous (Li et al., OSDI'14, with a
+full barrier per step): workers pull, compute, push; each server waits for all n gradients, averages, updates.
+Asynchronous: a server applies each gradient when it arrives and answers that worker at once; the staleness of a
+gradient = server updates since that worker last pulled. Every message is dist.isend/irecv, so traffic.metered and
+netem.emulate see all of them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import device
+from ..collectives import chunk_bounds
+from .data import load_digits, worker_batch
+from .model import flat_grads, flat_params, make_mlp, set_flat_params
+from .netem import emulate
+from .timeline import Timeline, region
+from .traffic import Meter, metered
+
+
+def _wait(reqs) -> None:
+    for r in reqs:
+        r.wait()
+
+
+def _sync_server(shard, workers, steps, lr, meter):
+    n = len(workers)
+    grads = [torch.empty_like(shard) for _ in workers]
+    for _ in range(steps):
+        with region("comm", "send params"):
+            _wait([dist.isend(shard, w) for w in workers])
+        with region("wait", "gather grads"):
+            _wait([dist.irecv(g, w) for g, w in zip(grads, workers)])
+        with region("compute", "update"):
+            shard -= lr * (torch.stack(grads).sum(0) / n)
+        meter.step()
+    _wait([dist.isend(shard, w) for w in workers])   # the final pull: every worker ends with the final weights
+    return {}
+
+
+def _async_server(shard, workers, steps, lr, meter):
+    """Apply gradients in arrival order; each message carries the version (update count) it was computed from."""
+    n = len(workers)
+    version = 0
+    msg = torch.cat([shard, torch.zeros(1, device=shard.device)])
+    inbox = torch.empty_like(msg)
+    for w in workers:
+        dist.isend(msg, w).wait()
+    meter.skip()
+    staleness = []
+    for _ in range(n * steps):
+        with region("wait", "any gradient"):
+            w = dist.recv(inbox)   # no src: whichever worker's gradient comes first (gloo; NCCL has no any-source)
+        with region("compute", "update"):
+            staleness.append((w, version - int(inbox[-1].item())))
+            shard -= (lr / n) * inbox[:-1]   # lr/n: n arrivals move the weights as far as one sync step
+            version += 1
+            msg[:-1], msg[-1] = shard, version
+        with region("comm", "send params"):
+            dist.isend(msg, w).wait()
+        meter.step()
+    return {"staleness": staleness}
+
+
+def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n):
+    x, y = load_digits()
+    dev = next(model.parameters()).device
+    flat = flat_params(model)
+    extra = 1 if mode == "async" else 0
+    bufs = [torch.empty(hi - lo + extra, device=dev) for lo, hi in bounds]
+    versions = [0] * len(servers)
+
+    def pull():
+        _wait([dist.irecv(b, s) for b, s in zip(bufs, servers)])
+        for i, ((lo, hi), b) in enumerate(zip(bounds, bufs)):
+            flat[lo:hi] = b[:hi - lo]
+            if extra:
+                versions[i] = b[-1].item()
+        set_flat_params(model, flat)
+
+    losses, step_s = [], []
+    with region("wait", "pull"):
+        pull()
+    meter.skip()   # the first pull is not part of any step
+    for step in range(steps):
+        t = time.perf_counter()
+        xb, yb = worker_batch(x, y, wid, n, batch_size, step, seed)
+        with region("compute", "forward+backward"):
+            model.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
+            loss.backward()
+            g = flat_grads(model)
+        with region("comm", "push grads"):
+            msgs = [torch.cat([g[lo:hi], torch.full((extra,), versions[i], device=dev)])
+                    for i, (lo, hi) in enumerate(bounds)]
+            _wait([dist.isend(m, s) for m, s in zip(msgs, servers)])
+        with region("wait", "pull"):
+            pull()
+        meter.step()
+        losses.append(loss.item())
+        step_s.append(time.perf_counter() - t)
+    return {"losses": losses, "step_s": step_s}
+
+
+def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
+             seed: int = 0, mode: str = "sync", link=None, profile: bool = False) -> dict:
+    """Run on every rank (course_lib.run or torchrun): ranks < n_servers serve, the rest train.
+
+    Returns this rank's role, final flat parameters (workers: the model; servers: their shard), per-step bytes
+    (sent, received), per-step seconds and losses (workers), staleness (async servers), and timeline events.
+    `link`: a netem link (or its name) that every message crosses; `profile`: record the timeline.
+    """
+    if mode not in ("sync", "async"):
+        raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+    if mode == "async" and dist.get_backend() != "gloo":
+        raise ValueError("the asynchronous server receives from any source, which only gloo supports; use sync")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    k = n_servers
+    if not 1 <= k < world:
+        raise ValueError(f"need 1 <= n_servers < world size ({world}) so that at least one worker remains")
+    dev = device()
+    model = make_mlp(hidden, seed).to(dev)   # same seed: every rank starts from the same weights
+    flat = flat_params(model)
+    bounds = chunk_bounds(flat.numel(), k)
+    servers, workers = list(range(k)), list(range(k, world))
+    meter, tl = Meter(), Timeline(profile)
+    with emulate(link), metered(meter), tl:
+        if rank < k:
+            lo, hi = bounds[rank]
+            shard = flat[lo:hi].clone()
+            out = (_sync_server if mode == "sync" else _async_server)(shard, workers, steps, lr, meter)
+            out.update(role="server", params=shard)
+        else:
+            out = _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, rank - k, len(workers))
+            out.update(role="worker", params=flat_params(model))
+    out.update(traffic=meter.steps, timeline=tl.events, model_bytes=flat.numel() * flat.element_size())
+    return out

@@ -1,0 +1,35 @@
+"""Per-rank lanes of compute, communication and waiting, drawn from Timeline events (notebooks 08-10).
+
+Draws what it is handed (course_lib.training.timeline events: (lane, name, start_s, end_s) per rank); launches
+nothing.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+COLORS = {"compute": "#4c9a2a", "comm": "#1f77b4", "wait": "#d62728"}
+_ROW = {"compute": 0, "comm": 1, "wait": 2}
+
+
+def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=None, until: float | None = None):
+    """One band per rank, three thin lanes in it (compute, comm, wait); x = milliseconds since the common barrier.
+    Nested regions in a lane overdraw their parent (same colour). `until`: cut the x axis (seconds)."""
+    n = len(per_rank)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.55 * n + 1.0), dpi=100)
+    for r, events in enumerate(per_rank):
+        for lane, _, s, e in events:
+            y = r + 0.1 + 0.27 * _ROW[lane]
+            ax.broken_barh([(s * 1e3, max(e - s, 1e-6) * 1e3)], (y, 0.24), color=COLORS[lane], lw=0)
+    ax.set_yticks([r + 0.5 for r in range(n)])
+    ax.set_yticklabels(labels or [f"rank {r}" for r in range(n)])
+    ax.set_ylim(n, 0)
+    ax.set_xlabel("time since the barrier (ms)")
+    if until is not None:
+        ax.set_xlim(0, until * 1e3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, list(COLORS), loc="upper right", fontsize=8, ncol=3, framealpha=0.9)
+    ax.set_title(title, fontsize=10)
+    ax.figure.tight_layout()
+    return ax

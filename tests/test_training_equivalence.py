@@ -1,0 +1,65 @@
+"""Synchronous data parallel = single-process SGD on the combined batch: PS (1 and 2 servers), per-gradient
+all-reduce, buckets (with and without overlap, with accumulation), torch DDP (with no_sync accumulation)."""
+
+import pytest
+import torch
+
+from course_lib import run
+from course_lib.training import train_single
+from course_lib.training.allreduce import buckets, dp_train
+from course_lib.training.data import load_digits, shard_indices
+from course_lib.training.ps import ps_train
+
+STEPS, BATCH = 4, 16
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {n: train_single(n, STEPS, BATCH)[0] for n in (2, 3)}
+
+
+def test_digits_load_and_shards_are_disjoint():
+    x, y = load_digits()
+    assert x.shape == (1797, 64) and y.shape == (1797,) and 0 <= x.min() and x.max() <= 1
+    assert sorted(y.unique().tolist()) == list(range(10))
+    shards = [set(shard_indices(1797, w, 4).tolist()) for w in range(4)]
+    assert all(len(s) == 449 for s in shards) and len(set.union(*shards)) == 4 * 449
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sync_ps_equals_single_process(reference, k):
+    res = run(ps_train, world_size=k + 3, kwargs=dict(steps=STEPS, batch_size=BATCH, n_servers=k),
+              output="none", timeout=60)
+    ref = reference[3]
+    for r in range(k, k + 3):
+        assert torch.allclose(res.values[r]["params"], ref, atol=1e-5), f"worker rank {r}"
+    assert torch.allclose(torch.cat([res.values[s]["params"] for s in range(k)]), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(method="naive"), dict(method="naive", accum=2),
+                                dict(method="bucket", bucket_bytes=50_000),
+                                dict(method="bucket", bucket_bytes=50_000, overlap=True, accum=2),
+                                dict(method="bucket", collective="ring", bucket_bytes=1 << 30),
+                                dict(method="ddp", bucket_bytes=50_000), dict(method="ddp", accum=4)],
+                         ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_all_reduce_equals_single_process(reference, kw):
+    res = run(dp_train, world_size=2, kwargs=dict(steps=STEPS, batch_size=BATCH, **kw), output="none", timeout=60)
+    for r, v in enumerate(res.values):
+        assert torch.allclose(v["params"], reference[2], atol=1e-5), f"rank {r}"
+
+
+def test_async_ps_records_staleness_and_learns():
+    res = run(ps_train, world_size=4, kwargs=dict(steps=6, batch_size=BATCH, mode="async", lr=0.3),
+              output="none", timeout=60)
+    stale = res.values[0]["staleness"]
+    assert len(stale) == 3 * 6 and {w for w, _ in stale} == {1, 2, 3}
+    assert min(s for _, s in stale) >= 0 and max(s for _, s in stale) <= 2 * 3
+    assert max(s for _, s in stale) >= 1      # with 3 workers some gradient is always computed on old weights
+
+
+def test_buckets_follow_backward_order_and_size():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 10))
+    groups = buckets(list(model.parameters()), 2000)
+    assert [p.shape for p in groups[0]] == [torch.Size([10]), torch.Size([10, 256])] or groups[0][0].shape == (10,)
+    assert sum(len(g) for g in groups) == 4
+    assert groups[-1][-1] is list(model.parameters())[0]
