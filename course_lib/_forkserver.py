@@ -24,7 +24,7 @@ _HEADER = struct.Struct("!I")
 _MAX_FDS = 8
 
 
-def _send(sock: socket.socket, obj, fds=()) -> None:
+def send_msg(sock: socket.socket, obj, fds=()) -> None:
     data = pickle.dumps(obj)
     msg = _HEADER.pack(len(data)) + data
     if fds:
@@ -46,7 +46,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _recv(sock: socket.socket):
+def recv_msg(sock: socket.socket):
     """One framed message and the fds that came with its first bytes; (None, []) at EOF."""
     head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
     if not head:
@@ -74,7 +74,7 @@ def serve(sock_fd: int) -> None:
 
         from course_lib import _rank_main
     except BaseException as exc:  # tell the kernel why we cannot serve, then leave
-        _send(sock, ("failed", f"{type(exc).__name__}: {exc}"))
+        send_msg(sock, ("failed", f"{type(exc).__name__}: {exc}"))
         return
     # The lifeline: every child holds the read end; when this server dies (because the kernel died and closed
     # our socket), the children read EOF and exit, so no rank outlives its notebook.
@@ -85,7 +85,7 @@ def serve(sock_fd: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the kernel is not for us
-    _send(sock, ("ready", os.getpid()))
+    send_msg(sock, ("ready", os.getpid()))
     while True:
         try:
             readable, _, _ = select.select([sock, wake_r], [], [])
@@ -99,7 +99,7 @@ def serve(sock_fd: int) -> None:
                 pass
         _reap(sock)
         if sock in readable:
-            msg, fds = _recv(sock)
+            msg, fds = recv_msg(sock)
             if msg is None:
                 break
             pid = os.fork()
@@ -123,7 +123,7 @@ def serve(sock_fd: int) -> None:
                     os._exit(code)
             for fd in fds:
                 os.close(fd)
-            _send(sock, ("pid", msg.get("request"), pid))
+            send_msg(sock, ("pid", msg.get("request"), pid))
             _reap(sock)
 
 
@@ -135,7 +135,7 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _send(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
+        send_msg(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
 
 
 # ---------------------------------------------------------------- kernel side
@@ -163,7 +163,7 @@ class ForkServer:
         self._next_request = 0
         self.lock = threading.RLock()
         ready, _, _ = select.select([ours], [], [], start_timeout)
-        msg = _recv(ours)[0] if ready else None
+        msg = recv_msg(ours)[0] if ready else None
         if not msg or msg[0] != "ready":
             self.close()
             why = msg[1] if msg else f"it did not answer within {start_timeout:.0f} s"
@@ -180,7 +180,7 @@ class ForkServer:
         """Fork one rank; returns its pid."""
         request = self._next_request
         self._next_request += 1
-        _send(self.sock, dict(payload, request=request), fds)
+        send_msg(self.sock, dict(payload, request=request), fds)
         while request not in self._pids:
             if not self.pump(timeout=30.0):
                 raise RuntimeError("the rank server stopped answering while starting a rank")
@@ -193,7 +193,7 @@ class ForkServer:
             ready, _, _ = select.select([self.sock], [], [], wait)
             if not ready:
                 return True
-            msg, _ = _recv(self.sock)
+            msg, _ = recv_msg(self.sock)
             if msg is None:
                 return False
             if msg[0] == "pid":

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 
-from ._forkserver import _recv, _send
+from ._forkserver import recv_msg, send_msg
 from ._rank_main import _redirect, _to_cpu, _watch_lifeline, init_group
 
 _THIS = os.path.basename(__file__)
@@ -137,13 +137,13 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         _init_group(msg)
         ns = _namespace(msg)
     except BaseException as exc:
-        _send(ctl, ("failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        send_msg(ctl, ("failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return 1
-    _send(ctl, ("ready", time.perf_counter() - t0))
+    send_msg(ctl, ("ready", time.perf_counter() - t0))
     cells = 0
     while True:
         try:
-            req, _ = _recv(ctl)
+            req, _ = recv_msg(ctl)
         except KeyboardInterrupt:
             continue
         except OSError:
@@ -161,4 +161,4 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         except KeyboardInterrupt:  # an interrupt that landed between the cell and its reply
             reply = {"ok": False, "etype": "KeyboardInterrupt", "message": "", "time": time.time(),
                      "frames": [], "traceback": "KeyboardInterrupt", "figures": []}
-        _send(ctl, ("reply", req[-1], reply))
+        send_msg(ctl, ("reply", req[-1], reply))

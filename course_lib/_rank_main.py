@@ -137,6 +137,7 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         t1 = time.perf_counter()
         value = fn(*args, **kwargs)
         times["fn_s"] = time.perf_counter() - t1
+        phase = "teardown"
         if dist.is_initialized():
             t2 = time.perf_counter()
             # Same race as at setup, for groups the function made (dist.new_group): a rank that returns at once

@@ -18,9 +18,9 @@ import sys
 import tempfile
 import time
 
-from ._forkserver import _recv, _send, get_server
+from ._forkserver import get_server, recv_msg, send_msg
 from .devices import plan
-from .launch import SETUP_ATTEMPTS, _loopback_ifname
+from .launch import SETUP_ATTEMPTS, rank_env
 from .results import RankFailed, RankFailure
 
 INTERRUPT_GRACE_S = 2.0  # after relaying a stop press: a rank still busy now is blocked in C++ (a collective)
@@ -134,14 +134,8 @@ class Ranks:
     def _payload(self, rank: int, store_file: str) -> dict:
         n = self.world_size
         threads = max(1, (os.cpu_count() or 1) // n)
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS=str(threads), COURSE_DEVICE=self.plan.devices[rank],
-                   MPLBACKEND="Agg")  # ranks draw headless; their figures come back as PNGs
-        if self.check:
-            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        lo = _loopback_ifname()
-        if lo and self.plan.backend == "gloo":
-            env.setdefault("GLOO_SOCKET_IFNAME", lo)
+        env = rank_env(self.plan, rank, threads, self.check)
+        env["MPLBACKEND"] = "Agg"  # ranks draw headless; their figures come back as PNGs
         return {"entry": "course_lib._interactive_rank", "rank": rank, "local_rank": rank, "world_size": n,
                 "backend": self.plan.backend, "device": self.plan.devices[rank], "store_file": store_file,
                 "timeout": self.timeout, "threads": threads, "env": env, "cwd": os.getcwd(),
@@ -201,7 +195,7 @@ class Ranks:
         server = get_server() if procs else None
         for p in procs:
             try:
-                _send(p.ctl, ("exit", 0))
+                send_msg(p.ctl, ("exit", 0))
             except OSError:
                 pass
         for sig, wait in ((None, 1.0), (signal.SIGTERM, TERM_TO_KILL_S), (signal.SIGKILL, 5.0)):
@@ -279,7 +273,7 @@ class Ranks:
                         self._read_pipe(p, fd)
                         continue
                     try:
-                        msg, _ = _recv(p.ctl)
+                        msg, _ = recv_msg(p.ctl)
                     except OSError:
                         msg = None
                     if msg is None:  # the rank died: its exit code comes from the server
@@ -325,7 +319,7 @@ class Ranks:
     def _send_all(self, procs, request) -> int:
         self._seq += 1
         for p in procs:
-            _send(p.ctl, (*request, self._seq))
+            send_msg(p.ctl, (*request, self._seq))
         return self._seq
 
     def run_cell(self, code: str, ranks=None, show: bool = True) -> CellResult:

@@ -36,6 +36,27 @@ def _loopback_ifname() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
+def rank_env(the_plan, rank: int, threads: int, check_collectives: bool, port: int | None = None) -> dict:
+    """The environment of one rank: the kernel's own, plus the variables torchrun would set."""
+    env = dict(os.environ)
+    n = the_plan.world_size
+    if port is not None:
+        env["MASTER_PORT"] = str(port)
+    env.update(
+        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(n),
+        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", OMP_NUM_THREADS=str(threads),
+        # With this set, dist.init_process_group("env://") on every rank connects to our store as a client,
+        # exactly as under torchrun, so a learner may also initialise the group in the cell (init=False).
+        TORCHELASTIC_USE_AGENT_STORE="True", COURSE_DEVICE=the_plan.devices[rank],
+    )
+    if check_collectives:
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    lo = _loopback_ifname()
+    if lo and the_plan.backend == "gloo":
+        env.setdefault("GLOO_SOCKET_IFNAME", lo)  # one machine: no need to resolve the hostname
+    return env
+
+
 class _Rank:
     """The kernel's view of one rank process: its pipes, what it printed, how it ended."""
 
@@ -85,25 +106,6 @@ class _Launch:
         self.still_running_at_failure: list[int] = []
 
     # ------------------------------------------------------------ start
-    def _env(self, rank: int, port: int | None, threads: int) -> dict:
-        env = dict(os.environ)
-        n = self.plan.world_size
-        if port is not None:
-            env["MASTER_PORT"] = str(port)
-        env.update(
-            MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(n),
-            LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", OMP_NUM_THREADS=str(threads),
-            # With this set, dist.init_process_group("env://") on every rank connects to our store as a client,
-            # exactly as under torchrun, so a learner may also initialise the group in the cell (init=False).
-            TORCHELASTIC_USE_AGENT_STORE="True", COURSE_DEVICE=self.plan.devices[rank],
-        )
-        if self.check:
-            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        lo = _loopback_ifname()
-        if lo and self.plan.backend == "gloo":
-            env.setdefault("GLOO_SOCKET_IFNAME", lo)  # one machine: no need to resolve the hostname
-        return env
-
     def start(self, store_file: str, store_port: int | None) -> None:
         n = self.plan.world_size
         threads = max(1, (os.cpu_count() or 1) // n)
@@ -115,7 +117,8 @@ class _Launch:
                 "rank": rank, "local_rank": rank, "world_size": n, "backend": self.plan.backend,
                 "store_file": store_file, "timeout": self.timeout,
                 "init": self.init, "threads": threads, "fn": self.fn_bytes,
-                "env": self._env(rank, store_port, threads), "cwd": os.getcwd(), "sys_path": list(sys.path),
+                "env": rank_env(self.plan, rank, threads, self.check, store_port), "cwd": os.getcwd(),
+                "sys_path": list(sys.path),
             }
             try:
                 pid = self.server.spawn(payload, [out_w, err_w, res_w])
@@ -288,6 +291,12 @@ class _Launch:
         if self.failures:
             first = min(self.failures, key=lambda f: (f.consequence, f.time))
             others = [f for f in self.failures if f is not first]
+            if first.phase == "teardown":
+                # A rank that finished waits for the others at the end; if that wait ran out, the ranks it waited
+                # for are the story, not the waiting rank's timeout message.
+                done = sorted(f.rank for f in self.failures if f.phase == "teardown")
+                late = [r for r in self.still_running_at_failure if r not in done] or [first.rank]
+                raise RankTimeout(self.timeout, late, done, {r: self.ranks[r].tail("out", 5) for r in late})
             for f in self.failures:
                 f.frames = resolve_frames(f.frames, self.fn)
             raise RankFailed(first, others, [r for r in self.still_running_at_failure if r != first.rank])

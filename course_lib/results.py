@@ -86,7 +86,7 @@ class RankFailure:
     traceback: str = ""
     exitcode: int | None = None
     stderr_tail: str = ""
-    phase: str = ""  # "load", "init" (joining the process group) or "fn" (the learner's code)
+    phase: str = ""  # "load", "init" (joining the group), "fn" (the learner's code), "teardown" (waiting at the end)
 
     @property
     def consequence(self) -> bool:

@@ -1,0 +1,87 @@
+"""Join the process group torchrun describes: its environment, NCCL on cuda:LOCAL_RANK or gloo on CPU (notebook 12)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# What torchrun (torch.distributed.elastic) puts in every worker's environment.
+ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_USE_AGENT_STORE")
+
+# The restart race (PITFALLS.md, reproduced here: 2 of 3 single-node gloo runs): by default torchrun's workers
+# share the agent's TCPStore, which outlives a restart. gloo publishes each rank's listening address under the
+# same key in every attempt, so a restarted rank can read the dead worker's address before its successor
+# overwrites it and gets "Connection refused", which costs one more restart. torch's own opt-out gives every
+# rendezvous round a fresh store on a fresh port: launch torchrun with this variable set to 1.
+FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+@dataclass
+class Env:
+    """One worker's view of the job, read from torchrun's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int  # the node's rank (torchrun's --node-rank, or the order nodes joined the rendezvous)
+    master_addr: str
+    master_port: int
+    restart: int  # how many times this node's agent has restarted its workers
+    host: str
+
+    @classmethod
+    def read(cls) -> Env:
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise SystemExit(f"{', '.join(missing)} not set: start the lab with torchrun, "
+                             "e.g. `torchrun --nproc-per-node=2 -m course_lib.labs.hello`")
+        g = os.environ.get
+        return cls(rank=int(g("RANK")), local_rank=int(g("LOCAL_RANK", "0")), world_size=int(g("WORLD_SIZE")),
+                   local_world_size=int(g("LOCAL_WORLD_SIZE", "1")), group_rank=int(g("GROUP_RANK", "0")),
+                   master_addr=g("MASTER_ADDR"), master_port=int(g("MASTER_PORT")),
+                   restart=int(g("TORCHELASTIC_RESTART_COUNT", "0")), host=socket.gethostname())
+
+
+def choose(local_rank: int, backend: str = "auto") -> tuple[str, torch.device]:
+    """NCCL with one GPU per local rank when this node has enough GPUs, otherwise gloo on CPU."""
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)  # before the first collective, or NCCL may pick GPU 0 on every rank
+        return backend, torch.device("cuda", local_rank)
+    return backend, torch.device("cpu")
+
+
+def join(timeout_s: float = 60.0, backend: str | None = None) -> tuple[Env, str, torch.device]:
+    """init_process_group from torchrun's env://, with a timeout far below the defaults (30 min gloo, 10 min NCCL)."""
+    env = Env.read()
+    backend, dev = choose(env.local_rank, backend or os.environ.get("LAB_BACKEND", "auto"))
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                device_id=dev if backend == "nccl" else None)
+        # A rank that finishes joining closes nothing yet, but a fast rank could otherwise leave while a slow peer
+        # is still connecting; one barrier makes "joined" mean "every pair connected".
+        dist.barrier()
+    except Exception as e:  # say which known cause this is, then fail: torchrun restarts the group if it may
+        hint = ""
+        if "refused" in str(e) and env.restart > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            hint = (f" [restart {env.restart}: a peer's address from the previous attempt was still in torchrun's "
+                    f"shared store; launch torchrun with {FRESH_STORE_ENV}=1 so each restart gets a fresh store]")
+        print(f"rank {env.rank}: joining the process group failed: {type(e).__name__}: {e}{hint}",
+              file=sys.stderr, flush=True)
+        raise
+    return env, backend, dev
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

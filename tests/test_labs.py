@@ -1,0 +1,76 @@
+"""The torchrun labs end to end: two "nodes" on this machine, an elastic restart after SIGKILL, the diagnosis demos."""
+
+import re
+
+import pytest
+import torch
+
+from course_lib.labs import torchrun as tr
+from course_lib.labs.elastic import complete_checkpoints, reference
+
+STEPS, EVERY, KILL_STEP = 10, 4, 6  # checkpoints after steps 3 and 7; the kill at step 6 replays steps 4-5
+
+
+def _fail(results) -> str:
+    return "\n\n".join(f"--- node {i} (rc {r.returncode}, {r.seconds:.1f} s) ---\n{r.output[-4000:]}"
+                       for i, r in enumerate(results))
+
+
+@pytest.mark.timeout(150)
+def test_two_torchrun_nodes_agree():
+    nodes = tr.run_nodes("course_lib.labs.hello", nnodes=2, nproc=2, timeout=120)
+    assert all(n.returncode == 0 for n in nodes), _fail(nodes)
+    # findall, not lines: a rank's line and torchrun's own messages share one pipe and may run together.
+    lines = [re.findall(r"rank \d+/4 .*?nodes of ranks \[[^\]]*\]", n.output) for n in nodes]
+    assert [len(x) for x in lines] == [2, 2], _fail(nodes)
+    ranks = sorted(int(re.match(r"rank (\d+)/", ln).group(1)) for x in lines for ln in x)
+    assert ranks == [0, 1, 2, 3]
+    assert all("backend gloo" in ln and "all_reduce 10 == 10 ok" in ln for x in lines for ln in x)
+    # Every rank reports the same rank -> node map, two ranks per node, and each torchrun ran one node's ranks.
+    maps = {ln.split("nodes of ranks ")[1] for x in lines for ln in x}
+    assert len(maps) == 1, maps
+    node_of = eval(maps.pop())  # a printed list of ints
+    assert sorted(node_of) == [0, 0, 1, 1]
+    for x in lines:
+        assert len({int(re.search(r" node (\d+) ", ln).group(1)) for ln in x}) == 1
+
+
+def test_only_complete_checkpoints_count(tmp_path):
+    for name, complete in [("step_00003", True), ("step_00007", False)]:
+        (tmp_path / name).mkdir()
+        if complete:
+            (tmp_path / name / ".metadata").write_bytes(b"")
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_00003"]
+
+
+@pytest.mark.timeout(200)
+def test_elastic_restart_after_sigkill_gives_the_uninterrupted_weights(tmp_path):
+    args = ["--steps", STEPS, "--ckpt-every", EVERY]
+    plain = tr.run("course_lib.labs.elastic", [*args, "--ckpt-dir", tmp_path / "a", "--out", tmp_path / "a.pt"],
+                   timeout=90)
+    assert plain.returncode == 0, _fail([plain])
+    killed = tr.run("course_lib.labs.elastic", [*args, "--ckpt-dir", tmp_path / "b", "--out", tmp_path / "b.pt",
+                                                "--kill-rank", 1, "--kill-step", KILL_STEP],
+                    max_restarts=3, timeout=90)
+    assert killed.returncode == 0 and killed.seconds < 90, _fail([killed])
+    assert "exitcode: -9" in killed.output  # torchrun saw the SIGKILL ...
+    assert (tmp_path / "b" / "killed_once").exists()
+    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    assert a["restart"] == 0 and b["restart"] >= 1  # ... restarted the workers ...
+    assert b["resumed_from"] == "step_00003" and b["recover_s"] > 0  # ... which resumed from the last checkpoint
+    ref = reference(STEPS, 2)
+    for k in ref:
+        assert torch.equal(b["weights"][k], a["weights"][k]), k  # same as the uninterrupted torchrun run
+        assert torch.equal(b["weights"][k], ref[k]), k  # and as the one-process reference
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("demo, expected", [
+    ("absent", r"Ranks 1 failed to pass monitoredBarrier in 3000 ms"),
+    ("mismatch", r"Detected mismatch between collectives on ranks.*Tensor shapes"),
+    ("straggler", r"straggler: rank 1 computed"),
+])
+def test_diagnosis_demo_ends_in_time_with_its_message(demo, expected):
+    r = tr.run("course_lib.labs.diagnose", [demo], timeout=60)
+    assert r.returncode == 0 and not r.timed_out, _fail([r])
+    assert re.search(expected, r.output), _fail([r])
