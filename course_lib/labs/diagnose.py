@@ -1,7 +1,7 @@
 """Failure diagnosis demos, each bounded by a timeout: an absent rank, a collective mismatch, a straggler (notebook 11).
 
     torchrun --nproc-per-node=2 -m course_lib.labs.diagnose absent      # monitored_barrier names the missing rank
-    torchrun --nproc-per-node=2 -m course_lib.labs.diagnose mismatch    # TORCH_DISTRIBUTED_DEBUG=DETAIL says what differs
+    torchrun --nproc-per-node=2 -m course_lib.labs.diagnose mismatch    # DETAIL debug mode says what differs
     torchrun --nproc-per-node=2 -m course_lib.labs.diagnose straggler   # per-rank timings show who everyone waits for
 
 Each demo catches the error it provokes and prints it, so it ends (exit 0) instead of hanging a notebook or a job.

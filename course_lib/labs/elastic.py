@@ -75,7 +75,8 @@ def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step
             report["recover_s"] = time.time() - float(marker.read_text())
         if (step + 1) % every == 0 or step == steps - 1:
             msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "step": torch.tensor(step)}, checkpoint_id=ckpt_dir / f"step_{step:05d}")
+            state = {"model": msd, "optim": osd, "step": torch.tensor(step)}
+            dcp.save(state, checkpoint_id=ckpt_dir / f"step_{step:05d}")  # a collective: every rank calls it
         if rank == 0:
             print(f"step {step} loss {loss.item():.5f}", flush=True)
     report["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
