@@ -1,0 +1,115 @@
+"""Reading a collectives sweep: the nccl-tests table, the CSV, and the analysis the course quotes (notebook 07).
+
+Rows come from course_lib.bench.collectives.sweep. The analysis fits alpha and beta to torch's all_reduce with the
+ring formula (gloo's all_reduce is a ring: gloo/allreduce.cc), compares the course's ring with it, and puts the
+measured reduce + broadcast / all_reduce time ratio next to what the cost formulas predict.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as nccl-tests prints them: one block per op, size/count/type/time/algbw/busbw."""
+    lines = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        rs = [r for r in rows if r["op"] == op]
+        lines.append(f"# {op} ({rs[0]['impl']}, {rs[0]['backend']}, {rs[0]['ranks']} ranks)")
+        lines.append(f"{'size':>12} {'count':>12} {'type':>8} {'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
+        for r in rs:
+            lines.append(f"{r['size_bytes']:>12} {r['count']:>12} {r['dtype']:>8} {r['time_us']:>11.1f} "
+                         f"{r['algbw_GBps']:>12.3f} {r['busbw_GBps']:>12.3f}")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: str, ceilings: dict | None = None) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) + ["source"])
+        w.writeheader()
+        note = "measured by python -m course_lib.bench.collectives on this machine"
+        if ceilings:
+            note += f" (memcpy {ceilings.get('memcpy_GBps', 0):.2f} GB/s, loopback TCP "
+            note += f"{ceilings.get('loopback_tcp_GBps', 0):.2f} GB/s, one direction)"
+        for r in rows:
+            w.writerow({**r, "source": note})
+
+
+def analyse(rows: list[dict]) -> dict:
+    """Alpha-beta fit of torch's all_reduce, the course ring vs torch, and reduce+broadcast vs all_reduce."""
+    from course_lib import costmodel as cm
+
+    out: dict = {}
+    ar = [r for r in rows if r["op"] == "all_reduce"]
+    if len(ar) >= 2:
+        p = ar[0]["ranks"]
+        # gloo's allreduce is a ring (reduce-scatter + all-gather, gloo/allreduce.cc), so fit the ring's formula.
+        alpha, beta = cm.fit_alpha_beta([r["size_bytes"] for r in ar], [r["time_us"] / 1e6 for r in ar], p, "ring")
+        errs = [(cm.ring_allreduce(p, r["size_bytes"], alpha, beta) - r["time_us"] / 1e6) / (r["time_us"] / 1e6)
+                for r in ar]
+        out["fit"] = {"alpha_us": alpha * 1e6, "beta_GBps": (1 / beta / 1e9) if beta else math.inf,
+                      "max_rel_err": max(abs(e) for e in errs), "rel_errs": errs,
+                      "sizes": [r["size_bytes"] for r in ar], "ranks": p, "alpha": alpha, "beta": beta}
+    by = {(r["op"], r["size_bytes"]): r for r in rows}
+    ring = [(by[("ring", s)]["busbw_GBps"] / by[("all_reduce", s)]["busbw_GBps"], s)
+            for (op, s) in by if op == "ring" and ("all_reduce", s) in by and s >= 16 << 20]
+    if ring:
+        out["ring_over_torch_busbw_16M_up"] = {human(s): v for v, s in sorted(ring, key=lambda x: x[1])}
+    rb = [s for (op, s) in by if op == "reduce+broadcast" and ("all_reduce", s) in by]
+    if rb:
+        s = max(rb)
+        p = by[("all_reduce", s)]["ranks"]
+        out["reduce_bcast_over_allreduce"] = {"size": human(s), "measured": by[("reduce+broadcast", s)]["time_us"]
+                                              / by[("all_reduce", s)]["time_us"], **predicted_ratios(p)}
+    return out
+
+
+def predicted_ratios(p: int) -> dict:
+    """Time of reduce + broadcast over all_reduce for large n, under three readings of the cost model.
+
+    gloo (read from gloo/reduce.cc, broadcast.cc, allreduce.cc): reduce = ring reduce-scatter then the root
+    gathers the p-1 reduced chunks ((p-1)/p n in at the root); broadcast = binomial tree (lg p rounds of n);
+    all_reduce = ring (2(p-1)/p n). 'shared_cpu': one host, every byte copied by the same cores, so time ~ total
+    bytes all ranks send: reduce (p-1) n + (p-1)/p n, broadcast (p-1) n, all_reduce 2 (p-1) n.
+    """
+    from course_lib import costmodel as cm
+
+    if p < 2:
+        return {}
+    ring = 2 * (p - 1) / p
+    gloo = ((p - 1) / p + (p - 1) / p + cm.lg(p)) / ring
+    shared = ((p - 1) + (p - 1) / p + (p - 1)) / (2 * (p - 1))
+    return {"bandwidth_optimal_2x": 2.0, "binomial_trees": cm.tree_over_ring_ratio(p), "gloo_algorithms": gloo,
+            "shared_cpu_total_bytes": shared}
+
+
+def report(rows: list[dict], ceilings: dict | None, summary: dict) -> str:
+    lines = [table(rows)]
+    if ceilings:
+        lines.append("# ceilings of this machine (GB/s, one direction): " + ", ".join(
+            f"{k.replace('_GBps', '')} {v:.2f}" for k, v in ceilings.items() if v is not None))
+    f = summary.get("fit")
+    if f:
+        lines.append(f"# alpha-beta fit of all_reduce (ring model, p={f['ranks']}): alpha = {f['alpha_us']:.1f} us, "
+                     f"1/beta = {f['beta_GBps']:.2f} GB/s; max |error| {100 * f['max_rel_err']:.0f}% over "
+                     f"{human(min(f['sizes']))}-{human(max(f['sizes']))}")
+    if "ring_over_torch_busbw_16M_up" in summary:
+        lines.append("# course ring / torch all_reduce busbw: " + ", ".join(
+            f"{k} {v:.2f}x" for k, v in summary["ring_over_torch_busbw_16M_up"].items()))
+    rb = summary.get("reduce_bcast_over_allreduce")
+    if rb:
+        lines.append(f"# reduce+broadcast / all_reduce time at {rb['size']}: measured {rb['measured']:.2f}x; "
+                     f"predicted: bandwidth-optimal {rb.get('bandwidth_optimal_2x', 0):.2f}x, binomial trees "
+                     f"{rb.get('binomial_trees', 0):.2f}x, gloo's algorithms {rb.get('gloo_algorithms', 0):.2f}x, "
+                     f"shared-CPU total bytes {rb.get('shared_cpu_total_bytes', 0):.2f}x")
+    return "\n".join(lines)
