@@ -57,13 +57,10 @@ def link(name: str) -> Link:
 
 
 def _sleep_until(t: float) -> None:
-    # time.sleep overshoots by ~0.1 ms; spin the last bit so short messages are not all rounded up.
-    while True:
-        left = t - time.perf_counter()
-        if left <= 0:
-            return
-        if left > 3e-4:
-            time.sleep(left - 2e-4)
+    # Sleep, never spin: ranks share few cores, and a spinning rank steals the CPU its peers need.
+    left = t - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
 
 
 @contextmanager

@@ -29,7 +29,7 @@ def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=N
     if until is not None:
         ax.set_xlim(0, until * 1e3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), loc="upper right", fontsize=8, ncol=3, framealpha=0.9)
+    ax.legend(handles, list(COLORS), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(title, fontsize=10)
     ax.figure.tight_layout()
     return ax
