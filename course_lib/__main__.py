@@ -1,4 +1,4 @@
-"""Command line: ``python -m course_lib doctor | bench launch | bench ceilings | bench collectives | student``."""
+"""Command line: ``python -m course_lib doctor | bench ... | student | grade``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ PASSTHROUGH = {
     ("bench", "collectives"): ("course_lib.bench.collectives", "nccl-tests-style sweep of collectives (algbw, busbw)"),
     ("bench", "interactive"): ("course_lib.bench.interactive", "persistent ranks: group start and cell round trip"),
     ("student",): ("course_lib.student", "build student copies of the notebooks (solutions removed)"),
+    ("grade",): ("course_lib.grade", "grade submitted notebooks with the exercise checkers (CSV + summary)"),
 }
 
 
