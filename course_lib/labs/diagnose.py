@@ -18,16 +18,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .group import join, leave
+from .group import join, leave, say
 
 
 def absent_rank(timeout_s: float = 3.0, absent: int | None = None) -> str:
     """One rank never reaches the barrier; dist.monitored_barrier on rank 0 names it after timeout_s."""
     rank, world = dist.get_rank(), dist.get_world_size()
     absent = world - 1 if absent is None else absent
-    # monitored_barrier exists only on gloo: under NCCL, a gloo group on the side carries it (new_group is itself a
-    # collective, so every rank makes it, the absent one included, before going missing).
-    group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+    # monitored_barrier exists only on gloo, and a failed one leaves a receive pending in its group: a gloo group on
+    # the side carries it, so the default group (NCCL or gloo) stays usable. new_group is itself a collective, so
+    # every rank makes it, the absent one included, before going missing.
+    group = dist.new_group(backend="gloo")
     if rank == absent:
         time.sleep(timeout_s + 1.0)  # stuck elsewhere (a data loader, a deadlock, a slow disk): never arrives in time
         return f"rank {rank}: was elsewhere"
@@ -36,7 +37,7 @@ def absent_rank(timeout_s: float = 3.0, absent: int | None = None) -> str:
         return f"rank {rank}: barrier passed"
     except RuntimeError as e:
         msg = str(e).strip().splitlines()[0]
-        print(f"rank {rank}: monitored_barrier: {msg}", flush=True)
+        say(f"rank {rank}: monitored_barrier: {msg}")
         return msg
 
 
@@ -49,7 +50,7 @@ def mismatch() -> str:
         return f"rank {rank}: no error (was TORCH_DISTRIBUTED_DEBUG=DETAIL set before init_process_group?)"
     except RuntimeError as e:
         msg = str(e).strip().splitlines()[0]
-        print(f"rank {rank}: {msg}", flush=True)
+        say(f"rank {rank}: {msg}")
         return msg
 
 
@@ -99,7 +100,7 @@ def main(argv=None) -> None:
             timelines = [None] * env.world_size
             dist.all_gather_object(timelines, straggler())
             if env.rank == 0:
-                print(name_straggler(timelines), flush=True)
+                say(name_straggler(timelines))
     finally:
         leave()
 

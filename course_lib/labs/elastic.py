@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .group import join, leave
+from .group import join, leave, say
 
 
 def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -78,7 +78,7 @@ def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step
             state = {"model": msd, "optim": osd, "step": torch.tensor(step)}
             dcp.save(state, checkpoint_id=ckpt_dir / f"step_{step:05d}")  # a collective: every rank calls it
         if rank == 0:
-            print(f"step {step} loss {loss.item():.5f}", flush=True)
+            say(f"step {step} loss {loss.item():.5f}")
     report["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return report
 
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
         report = train(args.steps, args.ckpt_every, ckpt_dir, args.kill_rank, args.kill_step)
         if env.rank == 0:
             torch.save(report, args.out)
-            print("report " + json.dumps({k: v for k, v in report.items() if k != "weights"}), flush=True)
+            say("report " + json.dumps({k: v for k, v in report.items() if k != "weights"}))
     finally:
         leave()
 

@@ -82,6 +82,12 @@ def join(timeout_s: float = 60.0, backend: str | None = None) -> tuple[Env, str,
     return env, backend, dev
 
 
+def say(text: str) -> None:
+    """Print one line in a single write: the workers of a node share torchrun's stdout, and with PYTHONUNBUFFERED a
+    print() is two writes (text, then newline), so two ranks' lines could run together."""
+    os.write(1, (text + "\n").encode())
+
+
 def leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .group import join, leave
+from .group import join, leave, say
 
 
 def hello(env, backend: str, dev: torch.device) -> str:
@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     env, backend, dev = join(args.timeout)
     try:
-        print(hello(env, backend, dev), flush=True)
+        say(hello(env, backend, dev))
     finally:
         leave()
 
