@@ -41,10 +41,10 @@ def absent_rank(timeout_s: float = 3.0, absent: int | None = None) -> str:
         return msg
 
 
-def mismatch() -> str:
+def mismatch(dev: str | torch.device = "cpu") -> str:
     """Rank 0 all-reduces 4 elements, the others 3. Needs TORCH_DISTRIBUTED_DEBUG=DETAIL before the group is made."""
     rank = dist.get_rank()
-    t = torch.ones(4 if rank == 0 else 3)  # the bug: a shape that depends on the rank
+    t = torch.ones(4 if rank == 0 else 3, device=dev)  # the bug: a shape that depends on the rank
     try:
         dist.all_reduce(t)
         return f"rank {rank}: no error (was TORCH_DISTRIBUTED_DEBUG=DETAIL set before init_process_group?)"
@@ -54,11 +54,12 @@ def mismatch() -> str:
         return msg
 
 
-def straggler(steps: int = 4, slow: int | None = None, delay_s: float = 0.3, work_s: float = 0.02) -> list:
+def straggler(steps: int = 4, slow: int | None = None, delay_s: float = 0.3, work_s: float = 0.02,
+              dev: str | torch.device = "cpu") -> list:
     """Every rank computes then all-reduces; one rank computes delay_s longer. Returns (step, t0, t_compute, t_end)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     slow = world - 1 if slow is None else slow
-    t = torch.ones(1000)
+    t = torch.ones(1000, device=dev)
     dist.barrier()
     origin, timeline = time.perf_counter(), []
     for step in range(steps):
@@ -66,6 +67,8 @@ def straggler(steps: int = 4, slow: int | None = None, delay_s: float = 0.3, wor
         time.sleep(work_s + (delay_s if rank == slow else 0.0))  # forward/backward; one GPU runs hot or throttles
         t1 = time.perf_counter() - origin
         dist.all_reduce(t)  # a collective starts only when the last rank arrives
+        if torch.device(dev).type == "cuda":
+            torch.cuda.synchronize(dev)  # NCCL returns at once; wait for the collective to be done
         timeline.append((step, t0, t1, time.perf_counter() - origin))
     return timeline
 
@@ -90,15 +93,15 @@ def main(argv=None) -> None:
     if args.demo == "mismatch":
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # read when the process group is made: set it first
         dist.set_debug_level_from_env()
-    env, _, _ = join(timeout_s=max(10.0, 3 * args.timeout))
+    env, _, dev = join(timeout_s=max(10.0, 3 * args.timeout))
     try:
         if args.demo == "absent":
             absent_rank(args.timeout)
         elif args.demo == "mismatch":
-            mismatch()
+            mismatch(dev)
         else:
             timelines = [None] * env.world_size
-            dist.all_gather_object(timelines, straggler())
+            dist.all_gather_object(timelines, straggler(dev=dev))
             if env.rank == 0:
                 say(name_straggler(timelines))
     finally:

@@ -27,9 +27,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from .group import join, leave, say
 
 
-def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def make_model(dev: str | torch.device = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)  # every rank starts from the same weights, as DDP's first broadcast would make them
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(dev)
     # Momentum is optimizer state: a checkpoint without it would not resume the same run.
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
@@ -46,9 +46,10 @@ def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
     return sorted(p for p in ckpt_dir.glob("step_*") if (p / ".metadata").exists())
 
 
-def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step: int = -1) -> dict:
+def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step: int = -1,
+          dev: str | torch.device = "cpu") -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, opt = make_model()
+    model, opt = make_model(dev)
     start, report = 0, {"restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     done = complete_checkpoints(ckpt_dir)
     if done:  # resume: load in place into the same structure, then hand it back to model and optimizer
@@ -63,7 +64,7 @@ def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step
         if rank == kill_rank and step == kill_step and not marker.exists():
             marker.write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no goodbye: as a lost GPU or node looks
-        x, y = batch(step, rank)
+        x, y = (t.to(dev) for t in batch(step, rank))
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -79,7 +80,7 @@ def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step
             dcp.save(state, checkpoint_id=ckpt_dir / f"step_{step:05d}")  # a collective: every rank calls it
         if rank == 0:
             say(f"step {step} loss {loss.item():.5f}")
-    report["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    report["weights"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return report
 
 
@@ -116,9 +117,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    env, _, _ = join(args.timeout)
+    env, _, dev = join(args.timeout)
     try:
-        report = train(args.steps, args.ckpt_every, ckpt_dir, args.kill_rank, args.kill_step)
+        report = train(args.steps, args.ckpt_every, ckpt_dir, args.kill_rank, args.kill_step, dev)
         if env.rank == 0:
             torch.save(report, args.out)
             say("report " + json.dumps({k: v for k, v in report.items() if k != "weights"}))

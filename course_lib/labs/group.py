@@ -51,10 +51,13 @@ class Env:
                    restart=int(g("TORCHELASTIC_RESTART_COUNT", "0")), host=socket.gethostname())
 
 
-def choose(local_rank: int, backend: str = "auto") -> tuple[str, torch.device]:
-    """NCCL with one GPU per local rank when this node has enough GPUs, otherwise gloo on CPU."""
+def choose(local_rank: int, local_world_size: int, backend: str = "auto") -> tuple[str, torch.device]:
+    """NCCL with one GPU per local rank when this node has a GPU for every one of them, otherwise gloo on CPU."""
     if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+        # Decided from the node's worker count, not this rank's index: every rank must pick the same backend
+        # (3 workers on 2 GPUs would otherwise give NCCL to ranks 0-1 and gloo to rank 2).
+        enough = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+        backend = "nccl" if enough else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)  # before the first collective, or NCCL may pick GPU 0 on every rank
         return backend, torch.device("cuda", local_rank)
@@ -64,7 +67,7 @@ def choose(local_rank: int, backend: str = "auto") -> tuple[str, torch.device]:
 def join(timeout_s: float = 60.0, backend: str | None = None) -> tuple[Env, str, torch.device]:
     """init_process_group from torchrun's env://, with a timeout far below the defaults (30 min gloo, 10 min NCCL)."""
     env = Env.read()
-    backend, dev = choose(env.local_rank, backend or os.environ.get("LAB_BACKEND", "auto"))
+    backend, dev = choose(env.local_rank, env.local_world_size, backend or os.environ.get("LAB_BACKEND", "auto"))
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
                                 device_id=dev if backend == "nccl" else None)
