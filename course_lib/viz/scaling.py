@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-_COLORS = {"ring": "#1f77b4", "ps k=1": "#d62728", "ps k=2": "#ff7f0e", "ps k=4": "#9467bd", "ps k=8": "#8c564b"}
+_COLORS = {"ring": "#1f77b4", "ps k=1": "#d62728", "ps k=2": "#ff7f0e", "ps k=4": "#9467bd", "ps k=8": "#8c564b",
+           "ps k=16": "#e377c2", "ps k=64": "#2ca02c"}
 
 
 def plot_step_times(measured: dict, projected: dict, title: str = "", ax=None):
@@ -19,6 +20,8 @@ def plot_step_times(measured: dict, projected: dict, title: str = "", ax=None):
     for name, pts in measured.items():
         ns = sorted(pts)
         ax.plot(ns, [pts[n] * 1e3 for n in ns], "o", color=_COLORS.get(name), label=f"{name} measured")
+    ticks = {n for pts in measured.values() for n in pts} | {n for c in projected.values() for n in c["n"]}
+    ax.set_xticks(sorted(ticks))
     ax.set_xlabel("workers")
     ax.set_ylabel("ms per step")
     ax.set_title(title, fontsize=10)
