@@ -65,6 +65,23 @@ def test_elastic_restart_after_sigkill_gives_the_uninterrupted_weights(tmp_path)
 
 
 @pytest.mark.timeout(200)
+def test_elastic_restart_across_two_torchrun_nodes(tmp_path):
+    # One worker per "node": the SIGKILLed rank 1 is alone on its node, so the other node only learns of it
+    # through the broken collective and the new rendezvous round, as on a real cluster.
+    nodes = tr.run_nodes("course_lib.labs.elastic", ["--steps", STEPS, "--ckpt-every", EVERY, "--ckpt-dir", tmp_path,
+                                                     "--out", tmp_path / "w.pt", "--kill-rank", 1,
+                                                     "--kill-step", KILL_STEP],
+                         nnodes=2, nproc=1, max_restarts=3, timeout=120)
+    assert all(n.returncode == 0 for n in nodes), _fail(nodes)
+    assert any("exitcode: -9" in n.output for n in nodes), _fail(nodes)
+    rep, ref = torch.load(tmp_path / "w.pt"), reference(STEPS, 2)
+    # TORCHELASTIC_RESTART_COUNT is per node agent (a node restarted because of another node's failure may say
+    # 0), so the resume is what shows the restart happened.
+    assert rep["resumed_from"] == "step_00003"
+    assert all(torch.equal(rep["weights"][k], ref[k]) for k in ref)
+
+
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("demo, expected", [
     ("absent", r"Ranks 1 failed to pass monitoredBarrier in 3000 ms"),
     ("mismatch", r"Detected mismatch between collectives on ranks.*Tensor shapes"),

@@ -50,6 +50,8 @@ def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step
           dev: str | torch.device = "cpu") -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model, opt = make_model(dev)
+    # TORCHELASTIC_RESTART_COUNT counts this node's agent's restarts: a node restarted only because another node
+    # failed may still say 0, so "resumed_from" is the sign that a restart happened.
     start, report = 0, {"restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     done = complete_checkpoints(ckpt_dir)
     if done:  # resume: load in place into the same structure, then hand it back to model and optimizer
