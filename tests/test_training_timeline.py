@@ -1,0 +1,38 @@
+"""Timelines: labelled profiler regions come back per rank in the three lanes, aligned at the barrier, and the
+Chrome trace holds one process per rank with complete events (the format Perfetto and chrome://tracing load)."""
+
+import json
+
+from course_lib import run
+from course_lib.training.allreduce import dp_train
+from course_lib.training.ps import ps_train
+from course_lib.training.timeline import LANES, busy, chrome_trace
+
+
+def test_ps_timeline_lanes_and_chrome_trace(tmp_path):
+    res = run(ps_train, world_size=3, kwargs=dict(steps=2, hidden=32, profile=True), output="none", timeout=60)
+    lanes = [v["timeline"] for v in res.values]
+    server, worker = {e[1] for e in lanes[0]}, {e[1] for e in lanes[1]}
+    assert {"send params", "gather grads", "update"} <= server
+    assert {"forward+backward", "push grads", "pull"} <= worker
+    for events in lanes:
+        assert {e[0] for e in events} == set(LANES)
+        assert all(-0.05 < s <= e for _, _, s, e in events)      # t = 0 is the common barrier
+        assert busy(events, "compute") > 0
+    path = chrome_trace(lanes, str(tmp_path / "trace.json"))
+    trace = json.load(open(path))["traceEvents"]
+    assert {e["pid"] for e in trace} == {0, 1, 2}
+    xs = [e for e in trace if e["ph"] == "X"]
+    assert len(xs) == sum(len(v) for v in lanes) and all(e["dur"] >= 0 and e["ts"] > -5e4 for e in xs)
+
+
+def test_ddp_timeline_shows_torch_all_reduce():
+    res = run(dp_train, world_size=2, kwargs=dict(steps=2, hidden=32, method="ddp", profile=True),
+              output="none", timeout=60)
+    for v in res.values:
+        assert any(lane == "comm" and "all_reduce" in name for lane, name, _, _ in v["timeline"])
+
+
+def test_busy_counts_nested_regions_once():
+    events = [("comm", "a", 0.0, 1.0), ("comm", "b", 0.5, 0.8), ("comm", "c", 0.9, 1.5), ("wait", "w", 0, 9)]
+    assert abs(busy(events, "comm") - 1.5) < 1e-12
