@@ -1,5 +1,6 @@
 """The torchrun labs end to end: two "nodes" on this machine, an elastic restart after SIGKILL, the diagnosis demos."""
 
+import ast
 import re
 
 import pytest
@@ -29,7 +30,7 @@ def test_two_torchrun_nodes_agree():
     # Every rank reports the same rank -> node map, two ranks per node, and each torchrun ran one node's ranks.
     maps = {ln.split("nodes of ranks ")[1] for x in lines for ln in x}
     assert len(maps) == 1, maps
-    node_of = eval(maps.pop())  # a printed list of ints
+    node_of = ast.literal_eval(maps.pop())  # a printed list of ints
     assert sorted(node_of) == [0, 0, 1, 1]
     for x in lines:
         assert len({int(re.search(r" node (\d+) ", ln).group(1)) for ln in x}) == 1
