@@ -10,16 +10,15 @@ SGD on the combined batch (the synchronous architectures must).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
-import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..training import train_single
 from ..training.allreduce import dp_train
 from ..training.ps import ps_train
+from .group import join, leave, say
 
 
 def _args(argv=None):
@@ -37,20 +36,17 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
-def _init():
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= nproc:
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    else:
-        dist.init_process_group("gloo")
-
-
 @record
 def main(argv=None) -> int:
     a = _args(argv)
-    _init()
+    join()   # NCCL on cuda:LOCAL_RANK when the node has a GPU per worker, else gloo (labs/group.py)
+    try:
+        return _train(a)
+    finally:
+        leave()
+
+
+def _train(a) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     common = dict(steps=a.steps, batch_size=a.batch_size, lr=a.lr, hidden=a.hidden, link=a.link)
     if a.arch == "ps":
@@ -68,16 +64,15 @@ def main(argv=None) -> int:
     if out.get("losses"):
         line += f" loss {out['losses'][0]:.4f} -> {out['losses'][-1]:.4f}"
         line += f" median step {statistics.median(out['step_s']) * 1e3:.1f} ms"
-    print(line, flush=True)
+    say(line)
     ok = True
     if rank == (a.servers if a.arch == "ps" else 0) and not a.no_check and a.mode == "sync":
         ref, _ = train_single(n_workers, a.steps, a.batch_size, a.lr, a.hidden)
         diff = (out["params"].cpu() - ref).abs().max().item()
         ok = diff < 1e-4
-        print(f"[rank {rank}] final weights vs single process on the combined batch: max |diff| = {diff:.2e} "
-              f"({'EQUAL' if ok else 'DIFFERENT'})", flush=True)
+        say(f"[rank {rank}] final weights vs single process on the combined batch: max |diff| = {diff:.2e} "
+            f"({'EQUAL' if ok else 'DIFFERENT'})")
     dist.barrier()
-    dist.destroy_process_group()
     return 0 if ok else 1
 
 
