@@ -13,12 +13,11 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 
 from ._forkserver import recv_msg, send_msg
-from ._rank_main import _redirect, _to_cpu, _watch_lifeline, init_group
+from ._rank_main import _to_cpu, become_rank, init_group
 
 _THIS = os.path.basename(__file__)
 
@@ -120,18 +119,9 @@ def _pull(ns: dict, name: str) -> dict:
 def main(msg: dict, fds: list[int], life_fd: int) -> int:
     """Entry point in the forked child (see _forkserver.serve); returns the exit code."""
     out_fd, err_fd, ctl_fd = fds
-    os.setpgrp()  # our own process group: the kernel can end this rank and anything it started
-    _redirect(out_fd, err_fd)
-    threading.Thread(target=_watch_lifeline, args=(life_fd,), daemon=True).start()
+    become_rank(msg, out_fd, err_fd, life_fd)
     signal.signal(signal.SIGINT, _ignore_sigint)
     ctl = socket.socket(fileno=ctl_fd)
-    os.environ.clear()
-    os.environ.update(msg["env"])
-    sys.path[:] = msg["sys_path"]
-    try:
-        os.chdir(msg["cwd"])
-    except OSError:
-        pass
     t0 = time.perf_counter()
     try:
         _init_group(msg)

@@ -100,13 +100,11 @@ def init_group(msg: dict) -> None:
     dist.barrier()
 
 
-def main(msg: dict, fds: list[int], life_fd: int) -> int:
-    """Entry point in the forked child; returns the exit code."""
-    out_fd, err_fd, res_fd = fds
+def become_rank(msg: dict, out_fd: int, err_fd: int, life_fd: int) -> None:
+    """Turn the freshly forked child into a rank: own process group, output to the kernel, the kernel's env."""
     os.setpgrp()  # our own process group, so the kernel can end this rank and anything it started
     _redirect(out_fd, err_fd)
     threading.Thread(target=_watch_lifeline, args=(life_fd,), daemon=True).start()
-
     os.environ.clear()
     os.environ.update(msg["env"])
     sys.path[:] = msg["sys_path"]
@@ -114,6 +112,12 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         os.chdir(msg["cwd"])
     except OSError:
         pass
+
+
+def main(msg: dict, fds: list[int], life_fd: int) -> int:
+    """Entry point in the forked child; returns the exit code."""
+    out_fd, err_fd, res_fd = fds
+    become_rank(msg, out_fd, err_fd, life_fd)
 
     import torch
     import torch.distributed as dist
