@@ -20,7 +20,8 @@ import time
 
 from ._forkserver import get_server, recv_msg, send_msg
 from .devices import plan
-from .launch import SETUP_ATTEMPTS, rank_env
+from .launch import SETUP_ATTEMPTS
+from .rank_process import rank_env
 from .results import RankFailed, RankFailure
 
 INTERRUPT_GRACE_S = 2.0  # after relaying a stop press: a rank still busy now is blocked in C++ (a collective)
@@ -453,79 +454,15 @@ def _stop_all() -> None:
             pass
 
 
-# ---------------------------------------------------------------- the IPython magic
-
-_current: Ranks | None = None
-
-
 def current() -> Ranks | None:
-    """The group that %ranks started (None before %ranks start)."""
-    return _current
+    """The group that %ranks started (None before %ranks start); the magic lives in ranks_magic.py."""
+    from .ranks_magic import current as started
 
-
-def _parse_ranks(text: str):
-    words = text.replace(",", " ").split()
-    if not words or words == ["all"]:
-        return None
-    try:
-        return [int(w) for w in words]
-    except ValueError:
-        raise ValueError(f"%%ranks takes rank numbers like '0' or '0,2'; got {text!r}") from None
-
-
-def ranks_magic(line: str, cell: str | None = None):
-    """%ranks start [N] [--backend B] [--timeout S] [--check] | stop | restart | pull NAME [ranks] | status;
-    %%ranks [ranks] [--catch] runs the cell on those ranks (default all)."""
-    global _current
-    if cell is not None:
-        if _current is None or not _current.procs:
-            raise RuntimeError("no ranks are running: start them first with %ranks start 4")
-        words = line.split()
-        try:
-            _current.run_cell(cell, _parse_ranks(" ".join(w for w in words if w != "--catch")))
-        except CellFailed as err:
-            if "--catch" not in words:  # --catch: show the failure without stopping "Run All" (for demos)
-                raise
-            print(err, file=sys.stderr)
-        return None
-    words = line.split()
-    cmd, args = (words[0], words[1:]) if words else ("status", [])
-    if cmd == "start":
-        opts = {"--backend": "auto", "--timeout": "30"}
-        n = int(args.pop(0)) if args and args[0].isdigit() else 4
-        check = "--check" in args
-        args = [a for a in args if a != "--check"]
-        for key, value in zip(args[::2], args[1::2]):
-            if key not in opts:
-                raise ValueError(f"%ranks start knows --backend, --timeout and --check; got {key!r}")
-            opts[key] = value
-        if _current is not None:
-            _current.stop()
-        _current = Ranks(n, opts["--backend"], float(opts["--timeout"]), check).start()
-        g = _current
-        print(f"{n} ranks ready: backend {g.plan.backend}, devices {', '.join(g.plan.devices)}, collective timeout "
-              f"{g.timeout:g} s (started in {g.start_s:.2f} s). In every rank: rank, world_size, device, torch, dist.")
-        return None
-    if _current is None:
-        raise RuntimeError("no ranks are running: start them first with %ranks start 4")
-    if cmd == "stop":
-        _current.stop()
-        print("ranks stopped; no rank process is left")
-    elif cmd == "restart":
-        _current.restart()
-        print(f"{_current.world_size} new ranks ready (started in {_current.start_s:.2f} s); their namespaces "
-              "are empty again: rerun the cells that define your variables")
-    elif cmd == "pull":
-        if not args:
-            raise ValueError("%ranks pull needs a variable name, e.g. %ranks pull t")
-        return _current.pull(args[0], _parse_ranks(" ".join(args[1:])))
-    elif cmd == "status":
-        return _current
-    else:
-        raise ValueError(f"unknown %ranks command {cmd!r}: use start, stop, restart, pull or status")
-    return None
+    return started()
 
 
 def load_ipython_extension(ipython) -> None:
-    """%load_ext course_lib.interactive registers %ranks / %%ranks."""
+    """%load_ext course_lib.interactive registers %ranks / %%ranks (course_lib/ranks_magic.py)."""
+    from .ranks_magic import ranks_magic
+
     ipython.register_magic_function(ranks_magic, "line_cell", "ranks")

@@ -11,8 +11,6 @@ import os
 import selectors
 import shutil
 import signal
-import socket
-import struct
 import sys
 import tempfile
 import time
@@ -20,79 +18,15 @@ from datetime import timedelta
 
 from ._forkserver import get_server
 from .devices import LaunchError, plan
+from .rank_process import RankProcess, rank_env
 from .results import RankFailed, RankFailure, RankTimeout, RunResult, resolve_frames
 
-_LEN = struct.Struct("!Q")
 STOP_GRACE_S = 0.3  # after a first failure, how long peers may still report their own error before being stopped
-TERM_TO_KILL_S = 1.0
+TERM_TO_KILL_S = 1.0  # SIGTERM, then SIGKILL this much later (a rank blocked in C++ may ignore gentler signals)
 # Joining the process group can fail for reasons outside the learner's code (on this build machine gloo's
 # connectFullMesh was refused about once in a few hundred launches). Before the learner's function has started
 # on any rank, starting again is safe; after that, never.
-SETUP_ATTEMPTS = 3  # SIGTERM, then SIGKILL this much later (a rank blocked in C++ may ignore gentler signals)
-
-
-def _loopback_ifname() -> str | None:
-    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
-    return next((n for n in ("lo", "lo0") if n in names), None)
-
-
-def rank_env(the_plan, rank: int, threads: int, check_collectives: bool, port: int | None = None) -> dict:
-    """The environment of one rank: the kernel's own, plus the variables torchrun would set."""
-    env = dict(os.environ)
-    n = the_plan.world_size
-    if port is not None:
-        env["MASTER_PORT"] = str(port)
-    env.update(
-        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(n),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", OMP_NUM_THREADS=str(threads),
-        # With this set, dist.init_process_group("env://") on every rank connects to our store as a client,
-        # exactly as under torchrun, so a learner may also initialise the group in the cell (init=False).
-        TORCHELASTIC_USE_AGENT_STORE="True", COURSE_DEVICE=the_plan.devices[rank],
-    )
-    if check_collectives:
-        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    lo = _loopback_ifname()
-    if lo and the_plan.backend == "gloo":
-        env.setdefault("GLOO_SOCKET_IFNAME", lo)  # one machine: no need to resolve the hostname
-    return env
-
-
-class _Rank:
-    """The kernel's view of one rank process: its pipes, what it printed, how it ended."""
-
-    def __init__(self, rank: int, pid: int, out_r: int, err_r: int, res_r: int):
-        self.rank, self.pid = rank, pid
-        self.fds = {"out": out_r, "err": err_r, "res": res_r}
-        self.open = set(self.fds)
-        self.text = {"out": [], "err": []}
-        self.partial = {"out": b"", "err": b""}
-        self.res = b""
-        self.exit: int | None = None
-        self.exit_seen = 0.0
-        self.stopped_by_us = False
-
-    def done(self, now: float) -> bool:
-        return self.exit is not None and (not self.open or now - self.exit_seen > 1.0)
-
-    @property
-    def started(self) -> bool:
-        """The rank got past process-group setup and began the learner's function."""
-        return self.res[:1] == b"S"
-
-    def result(self) -> dict | None:
-        buf = self.res[1:] if self.started else self.res
-        if len(buf) < _LEN.size:
-            return None
-        (n,) = _LEN.unpack_from(buf)
-        if len(buf) < _LEN.size + n:
-            return None
-        import pickle
-
-        return pickle.loads(buf[_LEN.size : _LEN.size + n])
-
-    def tail(self, kind: str, lines: int = 12) -> str:
-        text = "".join(self.text[kind]).rstrip("\n")
-        return "\n".join(text.split("\n")[-lines:]) if text else ""
+SETUP_ATTEMPTS = 3
 
 
 class _Launch:
@@ -101,7 +35,7 @@ class _Launch:
         self.server, self.plan, self.fn_bytes = server, the_plan, fn_bytes
         self.timeout, self.check, self.init, self.output = timeout, check_collectives, init, output
         self.fn = None  # set by run(): lets a traceback show the source lines of notebook cells
-        self.ranks: list[_Rank] = []
+        self.ranks: list[RankProcess] = []
         self.failures: list[RankFailure] = []
         self.still_running_at_failure: list[int] = []
 
@@ -129,10 +63,10 @@ class _Launch:
             finally:
                 for fd in (out_w, err_w, res_w):
                     os.close(fd)
-            self.ranks.append(_Rank(rank, pid, out_r, err_r, res_r))
+            self.ranks.append(RankProcess(rank, pid, out_r, err_r, res_r))
 
     # ------------------------------------------------------------ watch
-    def _emit(self, rp: _Rank, kind: str, data: bytes, final: bool = False) -> None:
+    def _emit(self, rp: RankProcess, kind: str, data: bytes, final: bool = False) -> None:
         buf = rp.partial[kind] + data
         *lines, rest = buf.split(b"\n")
         if final and rest:
@@ -180,7 +114,7 @@ class _Launch:
                 rp.exit = self.server.exits.pop(rp.pid)
                 rp.exit_seen = now
 
-    def _judge(self, rp: _Rank) -> RankFailure | None:
+    def _judge(self, rp: RankProcess) -> RankFailure | None:
         res = rp.result()
         if res is not None and not res["ok"]:
             return RankFailure(rp.rank, "raised", res["message"], res["time"], etype=res["etype"],

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from course_lib import interactive
+from course_lib import ranks_magic as magic
 from course_lib.interactive import CellFailed, Ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,23 +133,23 @@ def test_restart_ten_times_in_a_row():
 
 
 def test_magic_commands():
-    interactive.ranks_magic("start 2 --timeout 10")
+    magic.ranks_magic("start 2 --timeout 10")
     try:
-        group = interactive.current()
-        interactive.ranks_magic("", "a = torch.full((2,), float(rank))")
-        interactive.ranks_magic("0", "a += 5")
-        got = interactive.ranks_magic("pull a")
+        group = magic.current()
+        magic.ranks_magic("", "a = torch.full((2,), float(rank))")
+        magic.ranks_magic("0", "a += 5")
+        got = magic.ranks_magic("pull a")
         assert [v.tolist() for v in got] == [[5.0, 5.0], [1.0, 1.0]]
-        assert torch.equal(interactive.ranks_magic("pull a 1")[0], torch.ones(2))
+        assert torch.equal(magic.ranks_magic("pull a 1")[0], torch.ones(2))
         pids = group.pids
-        interactive.ranks_magic("restart")
+        magic.ranks_magic("restart")
         assert wait_gone(pids) == []
         with pytest.raises(CellFailed, match="NameError"):
-            interactive.ranks_magic("", "a")  # a new group starts with empty namespaces
-        interactive.ranks_magic("1 --catch", "a")  # --catch shows the failure and does not raise
+            magic.ranks_magic("", "a")  # a new group starts with empty namespaces
+        magic.ranks_magic("1 --catch", "a")  # --catch shows the failure and does not raise
     finally:
-        pids = interactive.current().pids
-        interactive.ranks_magic("stop")
+        pids = magic.current().pids
+        magic.ranks_magic("stop")
     assert wait_gone(pids) == []
 
 
