@@ -24,7 +24,7 @@ def lg(p: int) -> int:
 
 
 def ring_reduce_scatter(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
-    """Ring reduce-scatter: (p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma (Thakur et al. 2005; Patarasuk & Yuan 2009)."""
+    """Ring reduce-scatter: (p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma (Thakur et al. 2005; Patarasuk-Yuan)."""
     return (p - 1) * alpha + (p - 1) / p * n_bytes * (beta + gamma)
 
 

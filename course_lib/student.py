@@ -52,9 +52,8 @@ def student_notebook(nb: dict, number: str = "") -> tuple[dict, int]:
     for cell in nb["cells"]:
         src = _source(cell)
         if cell["cell_type"] == "markdown":
-            m = None
-            for m in _EXERCISE.finditer(src):
-                pass  # the last exercise heading before a code cell names its solutions
+            headings = list(_EXERCISE.finditer(src))
+            m = headings[-1] if headings else None  # the last exercise heading before a code cell names its solutions
             if m:
                 label, title = f"Exercise {m.group(1)}", m.group(2).strip().rstrip(".")
             continue

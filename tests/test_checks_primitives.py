@@ -7,9 +7,14 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.primitives import (check_all_gather, check_all_reduce, check_broadcast,
-                                          check_odd_group_all_reduce, check_reduce_scatter_prediction,
-                                          check_ring_exchange)
+from course_lib.checks.primitives import (
+    check_all_gather,
+    check_all_reduce,
+    check_broadcast,
+    check_odd_group_all_reduce,
+    check_reduce_scatter_prediction,
+    check_ring_exchange,
+)
 
 
 def good_broadcast(t, src):

@@ -15,9 +15,11 @@ def test_lg_is_rounds_of_a_binomial_tree():
 def test_formulas_match_reference(p):
     a, b, g, n = 1e-5, 1e-9, 2e-10, 64 * 2**20
     k = math.log2(p)
-    assert cm.ring_allreduce(p, n, a, b, g) == pytest.approx(2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g)
+    ring = 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+    assert cm.ring_allreduce(p, n, a, b, g) == pytest.approx(ring)
     assert cm.recursive_doubling_allreduce(p, n, a, b, g) == pytest.approx(k * a + n * k * b + n * k * g)
-    assert cm.rabenseifner_allreduce(p, n, a, b, g) == pytest.approx(2 * k * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g)
+    rabenseifner = 2 * k * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+    assert cm.rabenseifner_allreduce(p, n, a, b, g) == pytest.approx(rabenseifner)
     assert cm.tree_allreduce(p, n, a, b, g) == pytest.approx(2 * k * a + 2 * n * k * b + n * k * g)
     assert cm.star_allreduce(p, n, 0, b) == pytest.approx(2 * (p - 1) * n * b)  # the root's link carries 2(p-1)n
     # all-reduce = reduce-scatter + all-gather (ring)

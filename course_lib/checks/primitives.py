@@ -47,7 +47,7 @@ def _torch_broadcast(t, src):
 
 
 def check_broadcast(my_broadcast, exercise: str = "Exercise 4.2 (broadcast from send/recv)", worlds=WORLDS):
-    """``my_broadcast(t, src)`` must leave src's tensor in ``t`` on every rank and return ``t``; src is the last rank."""
+    """``my_broadcast(t, src)`` must leave src's tensor in ``t`` on every rank and return ``t`` (src: last rank)."""
     return _checked(
         exercise,
         "the source (src) sends its tensor to every other rank; every other rank receives into t from src. "
@@ -67,7 +67,7 @@ def _torch_all_gather(t):
 
 
 def check_all_gather(my_all_gather, exercise: str = "Exercise 4.3 (all-gather from send/recv)", worlds=WORLDS):
-    """``my_all_gather(t)`` must return a list whose entry j is rank j's tensor, on every rank (like dist.all_gather)."""
+    """``my_all_gather(t)`` must return a list whose entry j is rank j's tensor on every rank (as dist.all_gather)."""
     return _checked(
         exercise,
         "return a list with one tensor per rank, in rank order, your own tensor included at your own index. "
@@ -162,7 +162,8 @@ def _real_reduce_scatter(inputs):
     return out.tolist()
 
 
-def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise 5.1 (predict a reduce-scatter)") -> str:
+def check_reduce_scatter_prediction(inputs, predicted,
+                                    exercise: str = "Exercise 5.1 (predict a reduce-scatter)") -> str:
     """Run reduce_scatter_single (SUM) on len(inputs) ranks with those inputs and compare with the learner's guess."""
     world = len(inputs)
     if len(predicted) != world:
