@@ -1,0 +1,64 @@
+"""torch's own fully sharded data parallel (FSDP2, `fully_shard`) on the course MLP, with Adam by hand (notebook 13).
+
+Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel" (VLDB), and FSDP2's
+torch.distributed.fsdp.fully_shard: every parameter becomes a DTensor sharded by rows (Shard(0)) over a 1-D
+device mesh; each fully_shard'ed module's parameters are all-gathered together before its forward and again
+before its backward, and its gradients reduce-scattered (and averaged) after. Compared with zero.py's stage 3.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import device
+from .adam import adam_step
+from .comm_log import CommLog
+from .data import load_digits, worker_batch
+from .memory import measure, padded_rows
+from .model import make_mlp
+from .zero import NoLog
+
+
+def fsdp_train(steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: int = 256, seed: int = 0,
+               comm_log: bool = True) -> dict:
+    """Run on every rank: fully_shard each Linear, then the root; Adam by hand on each rank's local shards. Returns
+    the same keys as zero.zero_train (final full parameters, losses, memory at the end of the last backward, CommLog
+    summary per step)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    dev = device()
+    model = make_mlp(hidden, seed).to(dev)
+    shapes = [tuple(q.shape) for q in model.parameters()]
+    mesh = init_device_mesh(dev.type, (p,))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)        # one unit per layer: gathered together, resharded after use
+    fully_shard(model, mesh=mesh)                # the root: owns no parameters itself here, drives the schedule
+    params = list(model.parameters())            # DTensors; q.to_local() is this rank's rows
+    # m and v padded to ceil(rows/p) rows on every rank, like FSDP2's own shard storage; Adam uses the first rows
+    m_full = [torch.zeros((padded_rows(s[0], p) // p,) + s[1:], device=dev) for s in shapes]
+    v_full = [torch.zeros_like(t) for t in m_full]
+    x, y = load_digits()
+    losses, traffic, memory = [], [], None
+    for step in range(steps):
+        xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
+        with (CommLog() if comm_log else NoLog()) as log:
+            for q in params:
+                q.grad = None
+            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
+            loss.backward()                      # gathers again, then reduce-scatters (averaged) into q.grad shards
+            if step == steps - 1:
+                memory = measure(params, [q.grad for q in params], m_full + v_full)
+            with torch.no_grad():
+                for q, m, v in zip(params, m_full, v_full):
+                    local = q.to_local()
+                    adam_step(local, q.grad.to_local(), m[:local.shape[0]], v[:local.shape[0]], step + 1, lr)
+        losses.append(loss.item())
+        traffic.append(log.summary())
+    full = torch.cat([q.full_tensor().reshape(-1) for q in params]).detach().cpu()
+    return {"params": full, "losses": losses, "memory": memory, "gathered_peak": None, "traffic": traffic,
+            "shapes": shapes}
