@@ -185,11 +185,12 @@ STEP_FNS = {0: dp_step, 1: zero1_step, 2: zero2_step, 3: zero3_step}
 
 
 def zero_train(stage: int, steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: int = 256,
-               seed: int = 0, step_fn=None, linear_fn=GatherLinear, comm_log: bool = True) -> dict:
+               seed: int = 0, step_fn=None, hooks_fn=zero2_hooks, linear_fn=GatherLinear,
+               comm_log: bool = True) -> dict:
     """Run on every rank: Adam data parallel at ZeRO `stage` (0 = plain DP). Returns the final full parameters, this
     rank's loss per step, its bytes by category measured at the end of the last backward (memory.measure), the peak
-    bytes of gathered full parameters (stage 3), and a CommLog summary per step. `step_fn` / `linear_fn` replace
-    the stage's update or stage 3's gathering Function (the notebook passes the ones written in its cells);
+    bytes of gathered full parameters (stage 3), and a CommLog summary per step. `step_fn`, `hooks_fn` (stage 2)
+    and `linear_fn` (stage 3) replace the library's parts (the notebook passes the ones written in its cells);
     comm_log=False skips the traffic count."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES} (0 = plain data parallel), got {stage!r}")
@@ -205,7 +206,7 @@ def zero_train(stage: int, steps: int = 5, batch_size: int = 32, lr: float = 1e-
     state = {"m": [torch.zeros_like(shard(q)) for q in params], "v": [torch.zeros_like(shard(q)) for q in params],
              "g": [None] * len(params)}
     if stage == 2:
-        zero2_hooks(params, state)
+        hooks_fn(params, state)
     step_fn = step_fn or STEP_FNS[stage]
     x, y = load_digits()
     GATHERED.update(now=0, peak=0)
