@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..devices import device
 from ..results import RankFailed
 from ..training.adam import train_single_adam
 from ..training.data import load_digits, worker_batch
@@ -57,11 +58,11 @@ _COLLECTIVES = ("all_reduce", "reduce_scatter_single", "all_gather_single", "red
 def _train_with_learner_step(step_fn):
     """Run on every rank: Adam data parallel where the learner's step_fn does the whole update with m, v shards
     of ceil(Ψ/p) values; returns (final flat params, calls per collective per step, shard sizes after)."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    model = make_mlp(HIDDEN, 0)
+    rank, p, dev = dist.get_rank(), dist.get_world_size(), device()
+    model = make_mlp(HIDDEN, 0).to(dev)
     params = list(model.parameters())
     c = -(-sum(q.numel() for q in params) // p)
-    m, v = torch.zeros(c), torch.zeros(c)
+    m, v = torch.zeros(c, device=dev), torch.zeros(c, device=dev)
     x, y = load_digits()
     calls, saved = {}, {n: getattr(dist, n) for n in _COLLECTIVES}
 
@@ -77,12 +78,12 @@ def _train_with_learner_step(step_fn):
         for step in range(STEPS):
             xb, yb = worker_batch(x, y, rank, p, BATCH, step)
             model.zero_grad()
-            nn.functional.cross_entropy(model(xb), yb).backward()
+            nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev)).backward()
             step_fn(params, m, v, step + 1, 1e-3)
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-    return flat_params(model), {k: n / STEPS for k, n in calls.items()}, (m.numel(), v.numel())
+    return flat_params(model).cpu(), {k: n / STEPS for k, n in calls.items()}, (m.numel(), v.numel())
 
 
 def check_zero1_flat_step(step_fn, exercise: str = "Exercise 13.2 (a ZeRO-1 update in one flat buffer)") -> None:
