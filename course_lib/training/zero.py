@@ -82,7 +82,7 @@ def zero1_step(params, state, t, lr):
 
 def zero2_hooks(params, state):
     """Stage 2 (ZeRO section 5.2): reduce-scatter each gradient as soon as backward has produced it, keep only my
-    shard (state["g"]) and free the full gradient, so at most one full gradient exists at a time."""
+    shard (state["g"]) and free the full gradient: full gradients live only while backward is at their layer."""
     def reduce(q, i):
         state["g"][i] = reduce_scatter_mean(q.grad, state["m"][i])
         q.grad = None
