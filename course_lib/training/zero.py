@@ -124,11 +124,13 @@ class GatherLinear(torch.autograd.Function):
 
 
 def _hold(*full):
+    """Count gathered full tensors as alive (their padded storages' bytes) and keep the peak."""
     GATHERED["now"] += sum(t.untyped_storage().nbytes() for t in full)
     GATHERED["peak"] = max(GATHERED["peak"], GATHERED["now"])
 
 
 def _drop(*full):
+    """The gathered tensors are no longer referenced: they are freed when the call returns."""
     GATHERED["now"] -= sum(t.untyped_storage().nbytes() for t in full)
 
 
