@@ -70,6 +70,7 @@ def serve(sock_fd: int) -> None:
     try:
         import cloudpickle  # noqa: F401  (preloaded so children do not pay for it)
         import torch  # noqa: F401
+        import torch._dynamo  # noqa: F401  (a TorchDispatchMode, FSDP2 and DTensor import it on first use: ~2 s per rank)
         import torch.distributed  # noqa: F401
 
         from course_lib import _rank_main
