@@ -9,6 +9,7 @@ child's pid, and later the child's exit status.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import select
@@ -64,16 +65,18 @@ def recv_msg(sock: socket.socket):
 # ---------------------------------------------------------------- server side (its own process)
 
 
-def serve(sock_fd: int) -> None:
-    """Main loop of the server process: preload torch, then fork one child per request."""
+def serve(sock_fd: int, preload: tuple = ()) -> None:
+    """Main loop of the server process: preload torch (and `preload`), then fork one child per request."""
     sock = socket.socket(fileno=sock_fd)
     try:
         import cloudpickle  # noqa: F401  (preloaded so children do not pay for it)
         import torch  # noqa: F401
-        import torch._dynamo  # noqa: F401  (a TorchDispatchMode, FSDP2 and DTensor import it on first use: ~2 s per rank)
         import torch.distributed  # noqa: F401
 
         from course_lib import _rank_main
+
+        for name in preload:
+            importlib.import_module(name)
     except BaseException as exc:  # tell the kernel why we cannot serve, then leave
         send_msg(sock, ("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -116,8 +119,6 @@ def serve(sock_fd: int) -> None:
                     # A request may name another entry module (persistent ranks use their own loop).
                     entry = _rank_main
                     if msg.get("entry"):
-                        import importlib
-
                         entry = importlib.import_module(msg["entry"])
                     code = entry.main(msg, fds, life_r)
                 finally:
@@ -142,6 +143,17 @@ def _reap(sock: socket.socket) -> None:
 # ---------------------------------------------------------------- kernel side
 
 
+# A TorchDispatchMode (CommLog), FSDP2 and DTensor import torch._dynamo on first use: 2-6 s per rank per launch on
+# 2 cores. The server imports it once (about 3 s) when the kernel has imported one of them before starting ranks
+# (notebooks 13 and 14), and not otherwise, so that every other kernel starts as fast as before.
+_DYNAMO_USERS = ("course_lib.training.comm_log", "torch.distributed.fsdp", "torch.distributed.tensor")
+
+
+def _preload() -> tuple:
+    """Modules the server should import for its children, from what this kernel has imported."""
+    return ("torch._dynamo",) if any(name in sys.modules for name in _DYNAMO_USERS) else ()
+
+
 class ForkServer:
     """The kernel's handle on the server process: spawn ranks, learn their pids and exit codes."""
 
@@ -150,8 +162,9 @@ class ForkServer:
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        preload = _preload()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", f"from course_lib._forkserver import serve; serve({theirs.fileno()})"],
+            [sys.executable, "-c", f"from course_lib._forkserver import serve; serve({theirs.fileno()}, {preload!r})"],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,
