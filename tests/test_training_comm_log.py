@@ -49,3 +49,14 @@ def test_ring_bytes_formula():
     assert Call("all_reduce", 300, 3).ring_bytes == 400
     assert Call("all_gather", 300, 3).ring_bytes == 200 == Call("reduce_scatter", 300, 3).ring_bytes
     assert Call("all_reduce", 300, 1).ring_bytes == 0
+
+
+def test_the_rank_server_preloads_dynamo_only_for_kernels_that_count_collectives():
+    import subprocess
+    import sys
+    code = "import sys{}; from course_lib._forkserver import _preload; print(_preload())"
+    plain = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True, text=True, timeout=120)
+    counting = subprocess.run([sys.executable, "-c", code.format(", course_lib.training.comm_log")],
+                              capture_output=True, text=True, timeout=120)
+    assert plain.stdout.strip() == "()", plain.stderr
+    assert counting.stdout.strip() == "('torch._dynamo',)", counting.stderr
