@@ -65,3 +65,26 @@ def test_gpu_copy_ceilings_are_measured():
 
     got = measure_ceilings(0.2)
     assert got["h2d_GBps"] and got["d2h_GBps"] and got["d2d_GBps"]
+
+
+def test_zero_stages_and_fsdp2_on_nccl_end_with_single_process_adam_weights():
+    from course_lib.training.adam import train_single_adam
+    from course_lib.training.memory import per_rank_bytes
+    from course_lib.training.zero import run_schemes
+
+    out = run_schemes(N, steps=3, batch_size=16, hidden=32, timeout=300)
+    ref, _ = train_single_adam(N, 3, 16, hidden=32)
+    for scheme, ranks in out.items():
+        for r, v in enumerate(ranks):
+            assert torch.allclose(v["params"], ref, atol=1e-4), f"{scheme} rank {r} on cuda:{r}"
+            assert v["memory"] == per_rank_bytes(scheme, v["shapes"], N), f"{scheme} rank {r}"
+
+
+@pytest.mark.parametrize("impl", ["ours", "dtensor"])
+def test_tensor_parallel_on_nccl_equals_single_process_sgd(impl):
+    from course_lib.training import train_single
+    from course_lib.training.tensor_parallel import launch_tp_train
+
+    ref, _ = train_single(n_workers=1, steps=3, batch_size=16, hidden=48)   # 48: divisible by 1-4 GPUs
+    for r, v in enumerate(launch_tp_train(N, timeout=300, steps=3, batch=16, hidden=48, impl=impl)):
+        assert torch.allclose(v["params"], ref, atol=1e-4), f"rank {r} on cuda:{r}"
