@@ -14,11 +14,9 @@ from torch import nn
 
 from .. import device
 from .adam import adam_step
-from .comm_log import CommLog
-from .data import load_digits, worker_batch
-from .memory import measure, padded_rows
+from .memory import padded_rows
 from .model import make_mlp
-from .zero import NoLog
+from .zero import train_steps
 
 
 def fsdp_train(steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: int = 256, seed: int = 0,
@@ -29,7 +27,7 @@ def fsdp_train(steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: i
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    rank, p = dist.get_rank(), dist.get_world_size()
+    p = dist.get_world_size()
     dev = device()
     model = make_mlp(hidden, seed).to(dev)
     shapes = [tuple(q.shape) for q in model.parameters()]
@@ -42,23 +40,16 @@ def fsdp_train(steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: i
     # m and v padded to ceil(rows/p) rows on every rank, like FSDP2's own shard storage; Adam uses the first rows
     m_full = [torch.zeros((padded_rows(s[0], p) // p,) + s[1:], device=dev) for s in shapes]
     v_full = [torch.zeros_like(t) for t in m_full]
-    x, y = load_digits()
-    losses, traffic, memory = [], [], None
-    for step in range(steps):
-        xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
-        with (CommLog() if comm_log else NoLog()) as log:
-            for q in params:
-                q.grad = None
-            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
-            loss.backward()                      # gathers again, then reduce-scatters (averaged) into q.grad shards
-            if step == steps - 1:
-                memory = measure(params, [q.grad for q in params], m_full + v_full)
-            with torch.no_grad():
-                for q, m, v in zip(params, m_full, v_full):
-                    local = q.to_local()
-                    adam_step(local, q.grad.to_local(), m[:local.shape[0]], v[:local.shape[0]], step + 1, lr)
-        losses.append(loss.item())
-        traffic.append(log.summary())
+
+    def update(t):
+        with torch.no_grad():
+            for q, m, v in zip(params, m_full, v_full):
+                local = q.to_local()
+                adam_step(local, q.grad.to_local(), m[:local.shape[0]], v[:local.shape[0]], t, lr)
+
+    # backward gathers again, then reduce-scatters (averaged) into the q.grad shards
+    losses, traffic, memory = train_steps(model, params, steps, batch_size, seed, comm_log, update,
+                                          grads=lambda: [q.grad for q in params], optimizer_state=m_full + v_full)
     full = torch.cat([q.full_tensor().reshape(-1) for q in params]).detach().cpu()
     return {"params": full, "losses": losses, "memory": memory, "gathered_peak": None, "traffic": traffic,
             "shapes": shapes}

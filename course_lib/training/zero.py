@@ -186,6 +186,28 @@ class NoLog:
 STEP_FNS = {0: dp_step, 1: zero1_step, 2: zero2_step, 3: zero3_step}
 
 
+def train_steps(model, params, steps, batch_size, seed, comm_log, update, grads, optimizer_state):
+    """The loop every scheme shares (here and fsdp.py): this rank's batch, forward, backward, memory.measure after
+    the last backward (`grads()`: what the rank holds as gradients then), `update(t)`; each step inside a CommLog.
+    Returns (losses, CommLog summary per step, memory)."""
+    rank, p, dev = dist.get_rank(), dist.get_world_size(), device()
+    x, y = load_digits()
+    losses, traffic, memory = [], [], None
+    for step in range(steps):
+        xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
+        with (CommLog() if comm_log else NoLog()) as log:
+            for q in params:
+                q.grad = None
+            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
+            loss.backward()
+            if step == steps - 1:
+                memory = measure(params, grads(), optimizer_state)
+            update(step + 1)
+        losses.append(loss.item())
+        traffic.append(log.summary())
+    return losses, traffic, memory
+
+
 def zero_train(stage: int, steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: int = 256,
                seed: int = 0, step_fn=None, hooks_fn=zero2_hooks, linear_fn=GatherLinear,
                comm_log: bool = True) -> dict:
@@ -210,22 +232,12 @@ def zero_train(stage: int, steps: int = 5, batch_size: int = 32, lr: float = 1e-
     if stage == 2:
         hooks_fn(params, state)
     step_fn = step_fn or STEP_FNS[stage]
-    x, y = load_digits()
     GATHERED.update(now=0, peak=0)
-    losses, traffic, memory = [], [], None
-    for step in range(steps):
-        xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
-        with (CommLog() if comm_log else NoLog()) as log:
-            for q in params:
-                q.grad = None
-            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
-            loss.backward()
-            if step == steps - 1:
-                grads = state["g"] if stage == 2 else [q.grad for q in params]
-                memory = measure(params, grads, state["m"] + state["v"])
-            step_fn(params, state, step + 1, lr)
-        losses.append(loss.item())
-        traffic.append(log.summary())
+    losses, traffic, memory = train_steps(
+        model, params, steps, batch_size, seed, comm_log,
+        update=lambda t: step_fn(params, state, t, lr),
+        grads=lambda: state["g"] if stage == 2 else [q.grad for q in params],
+        optimizer_state=state["m"] + state["v"])
     return {"params": full_params(model, stage == 3), "losses": losses, "memory": memory,
             "gathered_peak": GATHERED["peak"], "traffic": traffic, "shapes": shapes}
 
