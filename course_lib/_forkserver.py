@@ -145,7 +145,7 @@ def _reap(sock: socket.socket) -> None:
 
 # A TorchDispatchMode (CommLog), FSDP2 and DTensor import torch._dynamo on first use: 2-6 s per rank per launch on
 # 2 cores. The server imports it once (about 3 s) when the kernel has imported one of them before starting ranks
-# (notebooks 13 and 14), and not otherwise, so that every other kernel starts as fast as before.
+# (notebooks 12 and 13), and not otherwise, so that every other kernel starts as fast as before.
 _DYNAMO_USERS = ("course_lib.training.comm_log", "torch.distributed.fsdp", "torch.distributed.tensor")
 
 

@@ -225,7 +225,7 @@ def test_checkers_pass_right_answers_and_explain_wrong_ones(capsys):
         return y
 
     check_column_parallel_forward(column)
-    assert "PASS Exercise 14.1" in capsys.readouterr().out
+    assert "PASS Exercise 13.1" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="added on every rank"):
         check_row_parallel_linear(row_bias_everywhere)
     with pytest.raises(ExerciseFailed, match="shape"):

@@ -1,4 +1,4 @@
-"""Checkers for the exercises of notebook 13 (sharded data parallel: ZeRO and FSDP).
+"""Checkers for the exercises of notebook 12 (sharded data parallel: ZeRO and FSDP).
 
 Each runs real ranks: the bytes a rank really holds under each ZeRO stage, and a ZeRO-1 update written by the
 learner trained against single-process Adam (Rajbhandari et al., SC'20, section 5.1).
@@ -31,7 +31,7 @@ def _unless_not_implemented(exercise, e: RankFailed, world, hint):
     raise ExerciseFailed(f"{exercise}: rank {e.rank} failed with {world} ranks:\n{e}\nHint: {hint}") from None
 
 
-def check_per_rank_bytes(per_rank_bytes, exercise: str = "Exercise 13.1 (bytes per rank)") -> None:
+def check_per_rank_bytes(per_rank_bytes, exercise: str = "Exercise 12.1 (bytes per rank)") -> None:
     """`per_rank_bytes(scheme, shapes, p)` -> {"params", "grads", "optimizer"}: bytes ONE rank holds under scheme
     "DP", "ZeRO-1", "ZeRO-2" or "ZeRO-3" (fp32 Adam); compared with what real ranks held, for 3 and 4 ranks."""
     hint = ("fp32 Adam: 4 B weights, 4 B gradients, 8 B optimizer state per parameter; a sharded tensor is split "
@@ -86,7 +86,7 @@ def _train_with_learner_step(step_fn):
     return flat_params(model).cpu(), {k: n / STEPS for k, n in calls.items()}, (m.numel(), v.numel())
 
 
-def check_zero1_flat_step(step_fn, exercise: str = "Exercise 13.2 (a ZeRO-1 update in one flat buffer)") -> None:
+def check_zero1_flat_step(step_fn, exercise: str = "Exercise 12.2 (a ZeRO-1 update in one flat buffer)") -> None:
     """`step_fn(params, m, v, t, lr)`: reduce-scatter all gradients in one flat buffer, Adam on this rank's slice
     with its shard m, v (ceil(Ψ/p) values each), all-gather the slices into the parameters. Trained on 2 and 3
     real ranks: weights must equal single-process Adam, with exactly one reduce-scatter and one all-gather a step."""

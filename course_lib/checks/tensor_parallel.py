@@ -1,4 +1,4 @@
-"""Checkers for the exercises of notebook 14 (tensor parallelism, Megatron-LM: Shoeybi et al. 2019, section 3).
+"""Checkers for the exercises of notebook 13 (tensor parallelism, Megatron-LM: Shoeybi et al. 2019, section 3).
 
 Each runs the learner's function on real ranks, every rank with the same full nn.Linear and input, and compares
 with nn.Linear itself; CommLog (course_lib/training/comm_log.py) counts the collectives the learner's code ran.
@@ -60,7 +60,7 @@ def _compare(exercise, world, vals, expect, hint, diagnose=None):
 
 
 def check_column_parallel_forward(column_parallel_forward,
-                                  exercise: str = "Exercise 14.1 (column-parallel forward)") -> None:
+                                  exercise: str = "Exercise 13.1 (column-parallel forward)") -> None:
     """`column_parallel_forward(x, linear)` -> this rank's slice of linear(x) (its out_features / p output columns),
     computed from its slice of the weight with no communication; checked on 2 and 3 real ranks."""
     hint = ("rank r owns output features r*k..(r+1)*k with k = out_features // world size: rows of linear.weight "
@@ -81,7 +81,7 @@ def _bias_counted(v, world):
     return None
 
 
-def check_row_parallel_linear(row_parallel_linear, exercise: str = "Exercise 14.2 (row-parallel linear)") -> None:
+def check_row_parallel_linear(row_parallel_linear, exercise: str = "Exercise 13.2 (row-parallel linear)") -> None:
     """`row_parallel_linear(x, linear)` -> linear(x) on every rank, from this rank's in_features / p input columns
     and weight columns, ONE all_reduce of the batch x out partial sums, the bias added once; 2 and 3 ranks."""
     hint = ("rank r owns input features r*k..(r+1)*k (k = in_features // world size): x[:, s] @ linear.weight[:, s].T "

@@ -1,4 +1,4 @@
-"""Failure diagnosis demos, each bounded by a timeout: an absent rank, a collective mismatch, a straggler (notebook 11).
+"""Failure diagnosis demos, each bounded by a timeout: an absent rank, a collective mismatch, a straggler (notebook 16).
 
     torchrun --nproc-per-node=2 -m course_lib.labs.diagnose absent      # monitored_barrier names the missing rank
     torchrun --nproc-per-node=2 -m course_lib.labs.diagnose mismatch    # DETAIL debug mode says what differs

@@ -1,4 +1,4 @@
-"""Elastic restart lab: train, checkpoint with torch.distributed.checkpoint, lose a rank, resume (notebook 11).
+"""Elastic restart lab: train, checkpoint with torch.distributed.checkpoint, lose a rank, resume (notebook 16).
 
     torchrun --nproc-per-node=2 --max-restarts=3 -m course_lib.labs.elastic --ckpt-dir /tmp/ck --out /tmp/w.pt \\
         --kill-rank 1 --kill-step 7

@@ -1,4 +1,4 @@
-"""Join the process group torchrun describes: its environment, NCCL on cuda:LOCAL_RANK or gloo on CPU (notebook 12)."""
+"""Join the process group torchrun describes: its environment, NCCL on cuda:LOCAL_RANK or gloo on CPU (notebook 17)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hello across nodes: every rank says where it runs and checks one all-reduce against n(n+1)/2 (notebook 12).
+"""Hello across nodes: every rank says where it runs and checks one all-reduce against n(n+1)/2 (notebook 17).
 
     torchrun --nproc-per-node=2 -m course_lib.labs.hello
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\

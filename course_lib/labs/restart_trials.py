@@ -1,4 +1,4 @@
-"""Repeat the elastic restart lab: how many of N runs with one SIGKILLed rank end with the right weights (notebook 11).
+"""Repeat the elastic restart lab: how many of N runs with one SIGKILLed rank end with the right weights (notebook 16).
 
     python -m course_lib.labs.restart_trials --trials 10              # torchrun with a fresh store per restart
     python -m course_lib.labs.restart_trials --trials 10 --shared-store   # torchrun's default: shows the race

@@ -1,4 +1,4 @@
-"""Start torchrun from Python with a free rendezvous port, a time bound and its output kept (tests, notebooks 11-12)."""
+"""Start torchrun from Python with a free rendezvous port, a time bound and its output kept (tests, notebooks 16-17)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adam written out on plain tensors, and the single-process Adam run every sharded scheme must reproduce (notebook 13).
+"""Adam written out on plain tensors, and the single-process Adam run every sharded scheme must reproduce (notebook 12).
 
 Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization", Algorithm 1. Written by hand, not torch.optim.Adam,
 for two reasons: torch.optim's first step costs seconds in every fresh rank process on a small CPU (see

@@ -1,4 +1,4 @@
-"""Which collectives this rank called, on how many bytes, and what a ring sends for them (notebooks 13 and 14).
+"""Which collectives this rank called, on how many bytes, and what a ring sends for them (notebooks 12 and 13).
 
 CommLog sees every collective a rank runs, whether the caller is our code, FSDP2 (`fully_shard`) or DTensor:
 all of them end in the c10d operators (`c10d.allreduce_`, `c10d._allgather_base_`, ...) or the functional ones

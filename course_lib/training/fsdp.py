@@ -1,4 +1,4 @@
-"""torch's own fully sharded data parallel (FSDP2, `fully_shard`) on the course MLP, with Adam by hand (notebook 13).
+"""torch's own fully sharded data parallel (FSDP2, `fully_shard`) on the course MLP, with Adam by hand (notebook 12).
 
 Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel" (VLDB), and FSDP2's
 torch.distributed.fsdp.fully_shard: every parameter becomes a DTensor sharded by rows (Shard(0)) over a 1-D

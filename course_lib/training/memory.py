@@ -1,6 +1,6 @@
 """Bytes a rank holds for parameters, gradients and optimizer state: measured from its tensors, and the formulas.
 
-Taught in notebooks/13_sharded_data_parallel.ipynb. The formulas are the ZeRO paper's (Rajbhandari et al., SC'20,
+Taught in notebooks/12_sharded_data_parallel.ipynb. The formulas are the ZeRO paper's (Rajbhandari et al., SC'20,
 figure 1 and section 5): with Ψ parameters, p ranks and K bytes of optimizer state per parameter, plain data
 parallel holds (w + g + K)Ψ per rank; ZeRO-1 (optimizer states sharded) wΨ + gΨ + KΨ/p; ZeRO-2 (+ gradients)
 wΨ + (g + K)Ψ/p; ZeRO-3 (+ parameters) (w + g + K)Ψ/p. fp32 Adam: w = g = 4, K = 8 (momentum, variance);

@@ -1,4 +1,4 @@
-"""Tensor parallelism (张量并行): one linear layer, one MLP, split over ranks (notebooks/14_tensor_parallel.ipynb).
+"""Tensor parallelism (张量并行): one linear layer, one MLP, split over ranks (notebooks/13_tensor_parallel.ipynb).
 
 Megatron-LM (Shoeybi et al. 2019, arXiv:1909.08053), section 3 and figure 3. With Y = X A (A = weight.T of an
 nn.Linear, in x out): a column-parallel layer gives rank r the columns of A (output features) r*k..(r+1)*k, so it

@@ -1,4 +1,4 @@
-"""ZeRO stages 0-3 built from reduce-scatter and all-gather, with Adam by hand (notebook 13).
+"""ZeRO stages 0-3 built from reduce-scatter and all-gather, with Adam by hand (notebook 12).
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC'20, section 5:
 stage 1 shards the optimizer state (P_os), stage 2 also the gradients (P_os+g), stage 3 also the parameters
@@ -113,7 +113,7 @@ class GatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w_shard, b_shard = ctx.saved_tensors
-        # FSDP re-gathers a layer's parameters as one unit; only w is needed here (Exercise 13.3)
+        # FSDP re-gathers a layer's parameters as one unit; only w is needed here (Exercise 12.3)
         w, b = gather(w_shard, ctx.rows), gather(b_shard, ctx.rows)
         _hold(w, b)
         grad_x = grad_out @ w if ctx.needs_input_grad[0] else None

@@ -1,4 +1,4 @@
-"""Per-rank memory by category for each data-parallel scheme: measured bars next to the formula (notebook 13).
+"""Per-rank memory by category for each data-parallel scheme: measured bars next to the formula (notebook 12).
 
 Draws what course_lib.training.memory measured on real ranks and what its formulas say (ZeRO paper, figure 1).
 """

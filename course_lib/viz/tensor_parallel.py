@@ -1,6 +1,6 @@
 """Who holds which block of a weight matrix under tensor parallelism, and where 3D-parallel ranks sit in a cluster.
 
-Notebook 14. The weight is drawn as Megatron's A (in x out, Y = X A, i.e. nn.Linear's weight transposed), so a
+Notebook 13. The weight is drawn as Megatron's A (in x out, Y = X A, i.e. nn.Linear's weight transposed), so a
 column split (Shoeybi et al. 2019, section 3) shows vertical stripes and a row split horizontal ones. Ownership
 is found by locating each rank's real shard inside the full matrix, not assumed. viz only draws what it is handed.
 """
