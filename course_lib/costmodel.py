@@ -106,16 +106,23 @@ ALLREDUCE = {
 }
 
 
-def ps_vs_allreduce(n_workers: int, model_bytes: float, bandwidth: float, k_servers: int = 1) -> dict:
-    """Per-iteration communication time, BytePS (Jiang et al. OSDI'20, section 3.1), bandwidth B in bytes/s per NIC.
+def ps_vs_allreduce(n_workers: int, model_bytes: float, bandwidth: float, k_servers: int = 1,
+                    pipelined: bool = True) -> dict:
+    """Per-iteration communication time of PS and ring all-reduce (BytePS, Jiang et al. OSDI'20, section 3.1).
 
-    all-reduce: 2 (n-1) M / (n B); parameter server with k non-colocated servers: max(M/B, n M / (k B)).
-    A single PS (k=1) receives n M and sends n M bytes per step, so its time grows with n; the ring's does not.
+    B = bytes/s one way per full-duplex NIC. all-reduce: 2 (n-1) M / (n B). A PS with k servers on machines of
+    their own: each worker pushes M and pulls M; each server receives and sends n M / k, so the busiest NIC needs
+    max(M/B, n M / (k B)) per direction. pipelined=True (BytePS's analysis; its implementation splits tensors into
+    pieces so that pulls of finished pieces run while later pieces are pushed): push and pull overlap, the PS takes
+    that one direction's time. pipelined=False (a server that sends new weights only after the last gradient is in,
+    as notebook 08's does): push, then pull, twice that.
     """
     n, m, b, k = n_workers, model_bytes, bandwidth, k_servers
+    one_way = max(m / b, n * m / (k * b))
     return {
         "allreduce_s": 2 * (n - 1) * m / (n * b),
-        "ps_s": max(m / b, n * m / (k * b)),
+        "ps_s": one_way if pipelined else 2 * one_way,
+        "ps_one_direction_s": one_way,
         "ps_server_bytes_in": n * m / k,
         "ps_server_bytes_out": n * m / k,
     }

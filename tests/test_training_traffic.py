@@ -81,4 +81,4 @@ def test_links_and_projection_use_the_cost_model():
     assert projection.ps_step(4, m, lnk) == pytest.approx(2 * 4 * m * lnk.beta + 5 * lnk.alpha)
     assert projection.ps_step(4, m, lnk, k_servers=4) == pytest.approx(2 * m * lnk.beta + 5 * lnk.alpha)
     curves = projection.project([1, 2, 1024], m, lnk, compute_s=0.01)
-    assert curves["ring"]["efficiency"][0] == 1 and curves["ps k=1"]["efficiency"][-1] < 0.01
+    assert curves["ring"]["efficiency"][0] == 1 and curves["ps k=1 push then pull"]["efficiency"][-1] < 0.01
