@@ -144,7 +144,11 @@ def fit_alpha_beta(n_bytes: Iterable[float], seconds: Iterable[float], p: int = 
         raise ValueError(f"unknown algorithm {algorithm!r}; one of {sorted(ALLREDUCE)}")
     # The coefficient of alpha and of beta at each size, read off the model itself (it is linear in both).
     rows = [(model(p, n, 1.0, 0.0), model(p, n, 0.0, 1.0)) for n in xs]
-    # Weighted normal equations for two unknowns, weights 1/t^2.
+    return _relative_lsq(rows, ts)
+
+
+def _relative_lsq(rows, ts) -> tuple[float, float]:
+    """(x, y) minimising sum(((a x + b y - t) / t)^2) over rows (a, b), both clipped at zero (costs are >= 0)."""
     saa = sab = sbb = sat = sbt = 0.0
     for (a, b), t in zip(rows, ts):
         w = 1.0 / (t * t)
@@ -154,7 +158,7 @@ def fit_alpha_beta(n_bytes: Iterable[float], seconds: Iterable[float], p: int = 
         sat += w * a * t
         sbt += w * b * t
     det = saa * sbb - sab * sab
-    if abs(det) < 1e-300:
+    if abs(det) <= 1e-12 * saa * sbb:  # the columns are proportional: one size, or alpha and beta confounded
         raise ValueError("the sizes do not separate alpha from beta; measure at least two different sizes")
     alpha = (sat * sbb - sbt * sab) / det
     beta = (saa * sbt - sab * sat) / det
@@ -163,6 +167,77 @@ def fit_alpha_beta(n_bytes: Iterable[float], seconds: Iterable[float], p: int = 
     if beta < 0:
         alpha, beta = sat / saa, 0.0
     return alpha, beta
+
+
+def fit_line(n_bytes: Iterable[float], seconds: Iterable[float]) -> tuple[float, float]:
+    """t = a + b n fitted to one operation's measured times (relative least squares): a in s, b in s/byte.
+
+    The alpha-beta model of a whole collective, whatever its algorithm: a collects every per-message latency of the
+    schedule, 1/b is the algorithm bandwidth it tends to (busbw = 1/b x the op's nccl-tests factor).
+    """
+    xs, ts = list(map(float, n_bytes)), list(map(float, seconds))
+    if len(xs) != len(ts) or len(xs) < 2:
+        raise ValueError("need at least two (bytes, seconds) pairs of equal length")
+    return _relative_lsq([(1.0, x) for x in xs], ts)
+
+
+def fit_pieces(n_bytes: Iterable[float], seconds: Iterable[float], tol: float = 0.25,
+               max_pieces: int = 4, breaks: Iterable[float] | None = None) -> list[dict]:
+    """Size ranges, each fitted by its own t = a + b n: the fewest that predict every point within tol, or the
+    ranges that start at the given ``breaks`` (sizes where a new piece begins, e.g. where a library is known to
+    switch algorithm).
+
+    Where one line is not enough the model bends: a library switches algorithm or protocol with the size (NCCL picks
+    the (algorithm, protocol) pair its own per-pair latency + size / bandwidth model says is fastest, then chunking
+    and channels change with size), or data leaves the caches. Points must be sorted by size. Among splits with the
+    same number of pieces the one with the smallest worst error wins. Each piece: lo, hi (bytes, inclusive), alpha,
+    beta, max_rel_err, rel_errs.
+    """
+    xs, ts = list(map(float, n_bytes)), list(map(float, seconds))
+    if xs != sorted(xs) or len(xs) != len(ts) or len(xs) < 2:
+        raise ValueError("need at least two (bytes, seconds) pairs, sorted by size")
+
+    def piece(i, j):  # points i..j-1
+        a, b = fit_line(xs[i:j], ts[i:j])
+        errs = [(a + b * x - t) / t for x, t in zip(xs[i:j], ts[i:j])]
+        return {"lo": xs[i], "hi": xs[j - 1], "alpha": a, "beta": b, "rel_errs": errs,
+                "max_rel_err": max(map(abs, errs))}
+
+    n = len(xs)
+    if breaks is not None:
+        starts = [0] + [next(i for i, x in enumerate(xs) if x >= b) for b in sorted(breaks)]
+        return [piece(i, j) for i, j in zip(starts, starts[1:] + [n])]
+    for k in range(1, max_pieces + 1):
+        best = None
+        for cuts in _splits(n, k):
+            bounds = [0, *cuts, n]
+            pieces = [piece(i, j) for i, j in zip(bounds, bounds[1:])]
+            worst = max(pc["max_rel_err"] for pc in pieces)
+            if best is None or worst < best[0]:
+                best = (worst, pieces)
+        if best[0] <= tol:
+            return best[1]
+    raise ValueError(f"{max_pieces} pieces cannot fit every point within {tol:.0%}: the data are not piecewise linear")
+
+
+def _splits(n: int, k: int):
+    """Every way to cut n sorted points into k contiguous runs of at least 2 points (two points make a line)."""
+    if k == 1:
+        yield ()
+        return
+    for first in range(2, n - 2 * (k - 1) + 1):
+        for rest in _splits(n - first, k - 1):
+            yield (first, *(first + c for c in rest))
+
+
+def predict_pieces(pieces: list[dict], n_bytes: float) -> float:
+    """Seconds at n bytes from the piece whose size range holds n (the nearest piece outside the ranges)."""
+    for pc in pieces:
+        if pc["lo"] <= n_bytes <= pc["hi"]:
+            return pc["alpha"] + pc["beta"] * n_bytes
+    pc = pieces[0] if n_bytes < pieces[0]["lo"] else pieces[-1] if n_bytes > pieces[-1]["hi"] else min(
+        pieces, key=lambda q: min(abs(n_bytes - q["lo"]), abs(n_bytes - q["hi"])))
+    return pc["alpha"] + pc["beta"] * n_bytes
 
 
 def predict(algorithm: str, p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:

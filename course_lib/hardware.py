@@ -65,6 +65,20 @@ def training_runs() -> list[dict]:
     return load_table("training_runs")
 
 
+def nccl_sweep(name: str = "nccl_allreduce_sweep") -> list[dict]:
+    """A published nccl-tests all_reduce sweep (data/<name>.csv), with each row's time recovered from its busbw.
+
+    nccl-tests prints busbw = algbw x 2(n-1)/n and algbw = S / t (doc/PERFORMANCE.md), so t = S x 2(n-1)/n / busbw.
+    Adds time_s and algbw_GBps to every row.
+    """
+    rows = load_table(name)
+    for r in rows:
+        factor = 2 * (r["gpus"] - 1) / r["gpus"]
+        r["algbw_GBps"] = r["busbw_GBps"] / factor
+        r["time_s"] = r["size_bytes"] / (r["algbw_GBps"] * GB)
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- memory wall
 def weights_bytes(n_params: float, bytes_per_param: float = 4) -> float:
     """Bytes of the weights alone (fp32: 4 bytes each; GPT-3: 175e9 x 4 = 700 GB)."""

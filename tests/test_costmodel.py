@@ -1,10 +1,12 @@
-"""The cost model equals the formulas of REFERENCE.md (Thakur et al. 2005; BytePS) and the fit recovers alpha, beta."""
+"""The cost model equals the published formulas (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009; BytePS,
+Jiang et al. OSDI'20), the fits recover alpha and beta, and alpha + beta n predicts a published nccl-tests sweep."""
 
 import math
 
 import pytest
 
 from course_lib import costmodel as cm
+from course_lib import hardware as hw
 
 
 def test_lg_is_rounds_of_a_binomial_tree():
@@ -63,3 +65,42 @@ def test_fit_never_negative():
     assert a >= 0 and b >= 0
     with pytest.raises(ValueError):
         cm.fit_alpha_beta([1000], [1e-3])
+
+
+def test_rabenseifner_is_never_slower_than_the_ring_in_the_model():
+    # The alpha-beta model's own verdict (notebook 06): same bandwidth term, 2 lg p <= 2 (p - 1) latencies.
+    for p in (2, 3, 4, 8, 64, 1024):
+        for n in (4 << 10, 64 << 20):
+            assert cm.rabenseifner_allreduce(p, n, 5e-6, 1 / 25e9) <= cm.ring_allreduce(p, n, 5e-6, 1 / 25e9)
+
+
+def test_line_and_pieces_recover_what_generated_them():
+    sizes = [2.0**k for k in range(10, 30)]
+    a1, b1, a2, b2 = 10e-6, 1 / 100e9, 40e-6, 1 / 250e9
+    times = [a1 + b1 * s if s < 2**20 else a2 + b2 * s for s in sizes]
+    a, b = cm.fit_line(sizes[:10], times[:10])
+    assert a == pytest.approx(a1, rel=1e-9) and b == pytest.approx(b1, rel=1e-9)
+    pieces = cm.fit_pieces(sizes, times, tol=1e-6)
+    assert [(pc["lo"], pc["hi"]) for pc in pieces] == [(2.0**10, 2.0**19), (2.0**20, 2.0**29)]
+    assert cm.predict_pieces(pieces, 2.0**25) == pytest.approx(a2 + b2 * 2.0**25)
+    assert cm.fit_pieces(sizes, times, breaks=[2**20])[1]["alpha"] == pytest.approx(a2, rel=1e-9)
+
+
+def test_published_nccl_sweep_is_alpha_plus_beta_n_within_25_percent_in_two_pieces():
+    rows = hw.nccl_sweep()
+    sizes, times = [r["size_bytes"] for r in rows], [r["time_s"] for r in rows]
+    assert len(rows) == 20 and sizes[0] == 32 << 10 and sizes[-1] == 16 << 30
+    # Every row: busbw = algbw x 2(n-1)/n, algbw = S / t (nccl-tests doc/PERFORMANCE.md).
+    assert all(r["busbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9 * 2 * 7 / 8) for r in rows)
+    # One line over 32 KiB .. 16 GiB misses by more than 25% somewhere: the model bends.
+    a, b = cm.fit_line(sizes, times)
+    assert max(abs(a + b * s - t) / t for s, t in zip(sizes, times)) > 0.25
+    # Split where the source reports NCCL switching from Ring/LL to NVLS/Simple (between 1 and 2 MiB): every size
+    # within 25%, and the fit needs exactly two pieces at that tolerance.
+    pieces = cm.fit_pieces(sizes, times, breaks=[2 << 20])
+    assert max(pc["max_rel_err"] for pc in pieces) < 0.25
+    assert all(abs(cm.predict_pieces(pieces, s) - t) / t < 0.25 for s, t in zip(sizes, times))
+    assert len(cm.fit_pieces(sizes, times, tol=0.25)) == 2
+    small, large = pieces
+    assert 10e-6 < small["alpha"] < 30e-6                      # tens of microseconds of latency
+    assert 450 < 1 / large["beta"] / 1e9 * 2 * 7 / 8 < 500     # asymptotic busbw above the 450 GB/s NVLink line rate
