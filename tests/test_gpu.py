@@ -68,8 +68,8 @@ def test_gpu_copy_ceilings_are_measured():
 
 
 def test_zero_stages_and_fsdp2_on_nccl_end_with_single_process_adam_weights():
+    from course_lib.measure.memory import per_rank_bytes
     from course_lib.training.adam import train_single_adam
-    from course_lib.training.memory import per_rank_bytes
     from course_lib.training.zero import run_schemes
 
     out = run_schemes(N, steps=3, batch_size=16, hidden=32, timeout=300)

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import run
-from course_lib.training.comm_log import Call, CommLog
+from course_lib.measure.comm_log import Call, CommLog
 
 
 def _calls():
@@ -56,7 +56,7 @@ def test_the_rank_server_preloads_dynamo_only_for_kernels_that_count_collectives
     import sys
     code = "import sys{}; from course_lib._forkserver import _preload; print(_preload())"
     plain = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True, text=True, timeout=120)
-    counting = subprocess.run([sys.executable, "-c", code.format(", course_lib.training.comm_log")],
+    counting = subprocess.run([sys.executable, "-c", code.format(", course_lib.measure.comm_log")],
                               capture_output=True, text=True, timeout=120)
     assert plain.stdout.strip() == "()", plain.stderr
     assert counting.stdout.strip() == "('torch._dynamo',)", counting.stderr

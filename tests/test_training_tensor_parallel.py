@@ -9,8 +9,8 @@ from torch import nn
 from course_lib import hardware, run
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.tensor_parallel import check_column_parallel_forward, check_row_parallel_linear
+from course_lib.measure.comm_log import CommLog
 from course_lib.training import train_single
-from course_lib.training.comm_log import CommLog
 from course_lib.training.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,

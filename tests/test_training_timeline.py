@@ -4,9 +4,9 @@ Chrome trace holds one process per rank with complete events (the format Perfett
 import json
 
 from course_lib import run
+from course_lib.measure.timeline import LANES, busy, chrome_trace
 from course_lib.training.allreduce import dp_train
 from course_lib.training.ps import ps_train
-from course_lib.training.timeline import LANES, busy, chrome_trace
 
 
 def test_ps_timeline_lanes_and_chrome_trace(tmp_path):

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from course_lib.measure.memory import SCHEMES, held_bytes, pad_bytes, per_rank_bytes
 from course_lib.training.adam import adam_step, train_single_adam
-from course_lib.training.memory import SCHEMES, held_bytes, pad_bytes, per_rank_bytes
 from course_lib.training.zero import my_rows, pad, ring_bytes_formula, run_schemes, zero_train
 
 STEPS, BATCH, HIDDEN = 3, 16, 32      # hidden 32: a 10-row last layer does not split evenly over 3 or 4 ranks

@@ -1,7 +1,7 @@
 """Checkers for the exercises of notebook 13 (tensor parallelism, Megatron-LM: Shoeybi et al. 2019, section 3).
 
 Each runs the learner's function on real ranks, every rank with the same full nn.Linear and input, and compares
-with nn.Linear itself; CommLog (course_lib/training/comm_log.py) counts the collectives the learner's code ran.
+with nn.Linear itself; CommLog (course_lib/measure/comm_log.py) counts the collectives the learner's code ran.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..launch import run
+from ..measure.comm_log import CommLog
 from ..results import RankFailed
-from ..training.comm_log import CommLog
 from .core import ExerciseFailed
 
 CASES = [(2, 6, 8), (3, 6, 12)]     # (world size, in features, out features): even and odd p, each divides evenly

@@ -11,13 +11,13 @@ import torch.distributed as dist
 
 from .. import costmodel
 from ..launch import run
+from ..measure.traffic import Meter
 from ..results import RankFailed
 from ..training import train_single
 from ..training.allreduce import dp_train
 from ..training.data import load_digits, worker_batch
 from ..training.model import flat_params, make_mlp
 from ..training.ps import _worker, ps_train
-from ..training.traffic import Meter
 from .core import ExerciseFailed
 
 STEPS, BATCH = 3, 16

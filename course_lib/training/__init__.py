@@ -1,11 +1,12 @@
-"""Training across ranks: parameter server and all-reduce (notebooks 08-10), sharded and tensor parallel (13-14).
+"""Training algorithms across ranks: parameter server, all-reduce data parallel (notebooks 08-10), ZeRO, FSDP2 and
+tensor parallel (12-13).
 
 data/model: the UCI digits set sharded per worker and a small MLP; ps: a parameter server over point-to-point;
-allreduce: hand-written, bucketed and torch DDP all-reduce training; intercept/traffic/netem: count and delay this
-rank's point-to-point messages; timeline: labelled regions from torch.profiler as per-rank lanes; projection: the
-cost model's step time for PS and ring next to the emulated runs. adam/zero/fsdp/memory: Adam by hand, ZeRO stages
-0-3 from reduce-scatter and all-gather, FSDP2's fully_shard, and the bytes each rank holds; tensor_parallel: the
-Megatron column/row split; comm_log: every collective a rank runs, with its bytes.
+allreduce: hand-written, bucketed and torch DDP all-reduce training; projection/scaling: the cost model's step time
+for PS and ring next to emulated runs; adam/zero/fsdp/sharded_loop: Adam by hand, ZeRO stages 0-3 from
+reduce-scatter and all-gather, FSDP2's fully_shard, and the loop they share; tensor_parallel: the Megatron
+column/row split; tolerance: how close each of them must end to its single-process reference. What measures them
+(messages, collectives, timelines, memory) is in course_lib.measure.
 """
 
 from .data import combined_batch, load_digits, worker_batch

@@ -32,11 +32,13 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch
 
 
 def train_single_adam(n_workers: int, steps: int, batch_size: int, lr: float = 1e-3, hidden: int = 256,
-                      seed: int = 0) -> tuple[torch.Tensor, list[float]]:
+                      seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, list[float]]:
     """Adam in one process on the combined batch of n workers per step: the weights every synchronous data-parallel
-    or ZeRO/FSDP run with Adam must end with. Returns (final flat parameters, loss per step)."""
+    or ZeRO/FSDP run with Adam must end with (in float64, to tolerance.adam_atol). Returns (final flat parameters,
+    loss per step)."""
     x, y = load_digits()
-    model = make_mlp(hidden, seed)
+    x = x.to(dtype)
+    model = make_mlp(hidden, seed, dtype)
     params = list(model.parameters())
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]

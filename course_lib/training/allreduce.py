@@ -21,11 +21,11 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
+from ..measure.netem import emulate
+from ..measure.timeline import Timeline, region
+from ..measure.traffic import Meter, metered
 from .data import load_digits, worker_batch
 from .model import flat_params, make_mlp
-from .netem import emulate
-from .timeline import Timeline, region
-from .traffic import Meter, metered
 
 
 def _all_reduce(collective: str):

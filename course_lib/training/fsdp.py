@@ -13,23 +13,23 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
+from ..measure.memory import padded_rows
 from .adam import adam_step
-from .memory import padded_rows
 from .model import make_mlp
-from .zero import train_steps
+from .sharded_loop import train_steps
 
 
 def fsdp_train(steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: int = 256, seed: int = 0,
-               comm_log: bool = True) -> dict:
+               comm_log: bool = True, dtype: torch.dtype = torch.float32) -> dict:
     """Run on every rank: fully_shard each Linear, then the root; Adam by hand on each rank's local shards. Returns
     the same keys as zero.zero_train (final full parameters, losses, memory at the end of the last backward, CommLog
-    summary per step)."""
+    summary per step); dtype as zero_train's."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     p = dist.get_world_size()
     dev = device()
-    model = make_mlp(hidden, seed).to(dev)
+    model = make_mlp(hidden, seed, dtype).to(dev)
     shapes = [tuple(q.shape) for q in model.parameters()]
     mesh = init_device_mesh(dev.type, (p,))
     for layer in model:
@@ -38,7 +38,7 @@ def fsdp_train(steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: i
     fully_shard(model, mesh=mesh)                # the root: owns no parameters itself here, drives the schedule
     params = list(model.parameters())            # DTensors; q.to_local() is this rank's rows
     # m and v padded to ceil(rows/p) rows on every rank, like FSDP2's own shard storage; Adam uses the first rows
-    m_full = [torch.zeros((padded_rows(s[0], p) // p,) + s[1:], device=dev) for s in shapes]
+    m_full = [torch.zeros((padded_rows(s[0], p) // p,) + s[1:], device=dev, dtype=dtype) for s in shapes]
     v_full = [torch.zeros_like(t) for t in m_full]
 
     def update(t):

@@ -12,10 +12,12 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from .data import combined_batch, load_digits
 
 
-def make_mlp(hidden: int = 256, seed: int = 0) -> nn.Sequential:
-    """64 -> hidden -> hidden -> 10 with ReLU; the same seed gives the same initial weights on every rank."""
+def make_mlp(hidden: int = 256, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Sequential:
+    """64 -> hidden -> hidden -> 10 with ReLU; the same seed gives the same initial weights on every rank (float64:
+    the float32 weights, converted exactly)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    mlp = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    return mlp.to(dtype)
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:
@@ -36,11 +38,12 @@ def flat_grads(model: nn.Module) -> torch.Tensor:
 
 
 def train_single(n_workers: int, steps: int, batch_size: int, lr: float = 0.1, hidden: int = 256,
-                 seed: int = 0) -> tuple[torch.Tensor, list[float]]:
+                 seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, list[float]]:
     """Plain SGD in one process on the combined batch of n workers per step: the weights every synchronous
-    data-parallel run must end with. Returns (final flat parameters, loss per step)."""
+    data-parallel run must end with (to tolerance.sgd_atol). Returns (final flat parameters, loss per step)."""
     x, y = load_digits()
-    model = make_mlp(hidden, seed)
+    x = x.to(dtype)
+    model = make_mlp(hidden, seed, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for step in range(steps):

@@ -9,7 +9,7 @@ pipelined (BytePS: tensors cut into pieces, a piece pulled while the next is pus
 from __future__ import annotations
 
 from .. import costmodel
-from .netem import Link
+from ..measure.netem import Link
 
 MODES = {"push then pull": False, "pipelined": True}
 

@@ -19,11 +19,11 @@ from torch import nn
 
 from .. import device
 from ..collectives import chunk_bounds
+from ..measure.netem import emulate
+from ..measure.timeline import Timeline, region
+from ..measure.traffic import Meter, metered
 from .data import load_digits, worker_batch
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
-from .netem import emulate
-from .timeline import Timeline, region
-from .traffic import Meter, metered
 
 
 def _wait(reqs) -> None:

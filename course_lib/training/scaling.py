@@ -16,8 +16,8 @@ import statistics
 import torch
 
 from .. import run
+from ..measure.netem import link as get_link
 from .allreduce import dp_train
-from .netem import link as get_link
 from .projection import ps_step, ring_step
 from .ps import ps_train
 

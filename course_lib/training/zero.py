@@ -16,11 +16,11 @@ from torch import nn
 
 from .. import device
 from ..launch import run
+from ..measure.memory import SCHEMES, numel, padded_numel, padded_rows
 from .adam import adam_step
-from .comm_log import CommLog
-from .data import load_digits, worker_batch
-from .memory import SCHEMES, measure, numel, padded_numel, padded_rows
+from .fsdp import fsdp_train
 from .model import flat_params, make_mlp
+from .sharded_loop import train_steps
 
 STAGES = (0, 1, 2, 3)
 GATHERED = {"now": 0, "peak": 0}   # bytes of full parameters gathered by stage 3 and not yet dropped, this rank
@@ -169,58 +169,23 @@ def full_params(model: nn.Module, sharded: bool) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- training
-class NoLog:
-    """Stands in for CommLog when traffic is not wanted: a TorchDispatchMode's first use in a process imports
-    torch._dynamo (about 3 s of CPU per rank on a small machine)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def summary(self) -> dict:
-        return {}
-
-
 STEP_FNS = {0: dp_step, 1: zero1_step, 2: zero2_step, 3: zero3_step}
-
-
-def train_steps(model, params, steps, batch_size, seed, comm_log, update, grads, optimizer_state):
-    """The loop every scheme shares (here and fsdp.py): this rank's batch, forward, backward, memory.measure after
-    the last backward (`grads()`: what the rank holds as gradients then), `update(t)`; each step inside a CommLog.
-    Returns (losses, CommLog summary per step, memory)."""
-    rank, p, dev = dist.get_rank(), dist.get_world_size(), device()
-    x, y = load_digits()
-    losses, traffic, memory = [], [], None
-    for step in range(steps):
-        xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
-        with (CommLog() if comm_log else NoLog()) as log:
-            for q in params:
-                q.grad = None
-            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
-            loss.backward()
-            if step == steps - 1:
-                memory = measure(params, grads(), optimizer_state)
-            update(step + 1)
-        losses.append(loss.item())
-        traffic.append(log.summary())
-    return losses, traffic, memory
 
 
 def zero_train(stage: int, steps: int = 5, batch_size: int = 32, lr: float = 1e-3, hidden: int = 256,
                seed: int = 0, step_fn=None, hooks_fn=zero2_hooks, linear_fn=GatherLinear,
-               comm_log: bool = True) -> dict:
+               comm_log: bool = True, dtype: torch.dtype = torch.float32) -> dict:
     """Run on every rank: Adam data parallel at ZeRO `stage` (0 = plain DP). Returns the final full parameters, this
     rank's loss per step, its bytes by category measured at the end of the last backward (memory.measure), the peak
     bytes of gathered full parameters (stage 3), and a CommLog summary per step. `step_fn`, `hooks_fn` (stage 2)
     and `linear_fn` (stage 3) replace the library's parts (the notebook passes the ones written in its cells);
-    comm_log=False skips the traffic count."""
+    comm_log=False skips the traffic count; dtype=torch.float64 trains in float64 (tolerance.py: the exact
+    comparison with single-process Adam)."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES} (0 = plain data parallel), got {stage!r}")
     rank, p = dist.get_rank(), dist.get_world_size()
     dev = device()
-    model = make_mlp(hidden, seed).to(dev)                      # same seed: same initial weights on every rank
+    model = make_mlp(hidden, seed, dtype).to(dev)               # same seed: same initial weights on every rank
     shapes = [tuple(q.shape) for q in model.parameters()]
     if stage == 3:
         model = shard_model(model, linear_fn)
@@ -255,7 +220,6 @@ def ring_bytes_formula(scheme: str, shapes, p: int, bytes_per_value: int = 4) ->
 def train_schemes(schemes=SCHEMES, **kw) -> dict:
     """Run on every rank: each scheme in turn in the same rank processes ({scheme: result}); kw go to zero_train /
     fsdp.fsdp_train."""
-    from .fsdp import fsdp_train  # fsdp.py builds on this module
     return {s: fsdp_train(**kw) if s == "FSDP2" else zero_train(SCHEMES.index(s), **kw) for s in schemes}
 
 

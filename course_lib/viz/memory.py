@@ -1,6 +1,6 @@
 """Per-rank memory by category for each data-parallel scheme: measured bars next to the formula (notebook 12).
 
-Draws what course_lib.training.memory measured on real ranks and what its formulas say (ZeRO paper, figure 1).
+Draws what course_lib.measure.memory measured on real ranks and what its formulas say (ZeRO paper, figure 1).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-rank lanes of compute, communication and waiting, drawn from Timeline events (notebooks 08-10).
 
-Draws what it is handed (course_lib.training.timeline events: (lane, name, start_s, end_s) per rank); launches
+Draws what it is handed (course_lib.measure.timeline events: (lane, name, start_s, end_s) per rank); launches
 nothing.
 """
 
