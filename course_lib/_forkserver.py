@@ -1,81 +1,40 @@
-"""A fork server with torch preloaded, so a launch costs a fork, not a torch import (see DESIGN.md, runtime contract).
+"""The rank server: a process with torch imported that forks every rank, so a launch costs a fork, not an import.
 
 Why our own instead of ``multiprocessing``'s forkserver: its children re-import the parent's ``__main__``
 (``ipykernel_launcher`` in a notebook, i.e. all of IPython) on every launch, it gives no hook to set up each
 child's file descriptors before user code runs, and its internals changed in Python 3.14. This one is small:
 the kernel sends "fork a rank with these fds and this payload" over a Unix socket; the server forks, reports the
-child's pid, and later the child's exit status.
+child's pid, and later the child's exit status. It is started with exec (a fresh interpreter), so CUDA or threads
+of the kernel never reach a rank. What it imports besides torch is the caller's choice (``get_server(preload)``).
+The messages are listed in docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import pickle
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 
-_HEADER = struct.Struct("!I")
-_MAX_FDS = 8
-
-
-def send_msg(sock: socket.socket, obj, fds=()) -> None:
-    data = pickle.dumps(obj)
-    msg = _HEADER.pack(len(data)) + data
-    if fds:
-        sent = socket.send_fds(sock, [msg], list(fds))
-    else:
-        sent = sock.send(msg)
-    if sent < len(msg):
-        sock.sendall(msg[sent:])
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(n - got)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def recv_msg(sock: socket.socket):
-    """One framed message and the fds that came with its first bytes; (None, []) at EOF."""
-    head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
-    if not head:
-        return None, []
-    if len(head) < _HEADER.size:
-        rest = _recv_exact(sock, _HEADER.size - len(head))
-        if rest is None:
-            return None, fds
-        head += rest
-    (n,) = _HEADER.unpack(head)
-    body = _recv_exact(sock, n)
-    return (None if body is None else pickle.loads(body)), fds
-
+from .protocol import EXIT_CHILD_BROKEN, SERVER_START_S, recv_msg, send_msg
 
 # ---------------------------------------------------------------- server side (its own process)
 
 
 def serve(sock_fd: int, preload: tuple = ()) -> None:
-    """Main loop of the server process: preload torch (and `preload`), then fork one child per request."""
+    """Main loop of the server process: import torch (and ``preload``), then fork one child per request."""
     sock = socket.socket(fileno=sock_fd)
     try:
         import cloudpickle  # noqa: F401  (preloaded so children do not pay for it)
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
 
-        from course_lib import _rank_main
-
-        for name in preload:
+        for name in preload:  # the callers' choice: the entry modules of their ranks, torch._dynamo for some
             importlib.import_module(name)
     except BaseException as exc:  # tell the kernel why we cannot serve, then leave
         send_msg(sock, ("failed", f"{type(exc).__name__}: {exc}"))
@@ -106,9 +65,16 @@ def serve(sock_fd: int, preload: tuple = ()) -> None:
             msg, fds = recv_msg(sock)
             if msg is None:
                 break
+            if isinstance(msg, tuple) and msg[0] == "import":  # more modules for the children, from now on
+                for name in msg[1]:
+                    try:
+                        importlib.import_module(name)
+                    except Exception:  # an optimisation only: a rank that needs it reports its own error
+                        pass
+                continue
             pid = os.fork()
             if pid == 0:
-                code = 70
+                code = EXIT_CHILD_BROKEN
                 try:
                     signal.set_wakeup_fd(-1)
                     for sig in (signal.SIGCHLD, signal.SIGINT):
@@ -116,11 +82,8 @@ def serve(sock_fd: int, preload: tuple = ()) -> None:
                     for fd in (wake_r, wake_w, life_w):
                         os.close(fd)
                     sock.close()
-                    # A request may name another entry module (persistent ranks use their own loop).
-                    entry = _rank_main
-                    if msg.get("entry"):
-                        entry = importlib.import_module(msg["entry"])
-                    code = entry.main(msg, fds, life_r)
+                    # The request names the rank's entry module (one-shot or persistent ranks).
+                    code = importlib.import_module(msg["entry"]).main(msg, fds, life_r)
                 finally:
                     os._exit(code)
             for fd in fds:
@@ -143,26 +106,16 @@ def _reap(sock: socket.socket) -> None:
 # ---------------------------------------------------------------- kernel side
 
 
-# A TorchDispatchMode (CommLog), FSDP2 and DTensor import torch._dynamo on first use: 2-6 s per rank per launch on
-# 2 cores. The server imports it once (about 3 s) when the kernel has imported one of them before starting ranks
-# (notebooks 12 and 13), and not otherwise, so that every other kernel starts as fast as before.
-_DYNAMO_USERS = ("course_lib.training.comm_log", "torch.distributed.fsdp", "torch.distributed.tensor")
-
-
-def _preload() -> tuple:
-    """Modules the server should import for its children, from what this kernel has imported."""
-    return ("torch._dynamo",) if any(name in sys.modules for name in _DYNAMO_USERS) else ()
-
-
 class ForkServer:
     """The kernel's handle on the server process: spawn ranks, learn their pids and exit codes."""
 
-    def __init__(self, start_timeout: float = 120.0):
+    def __init__(self, preload: tuple[str, ...] = (), start_timeout: float = SERVER_START_S):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-        preload = _preload()
+        preload = tuple(preload)
+        self.preloaded = set(preload)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", f"from course_lib._forkserver import serve; serve({theirs.fileno()}, {preload!r})"],
             pass_fds=[theirs.fileno()],
@@ -189,6 +142,13 @@ class ForkServer:
 
     def fileno(self) -> int:
         return self.sock.fileno()
+
+    def preload(self, names) -> None:
+        """Have the server import ``names`` too (once): every rank forked afterwards finds them imported."""
+        missing = tuple(n for n in names if n not in self.preloaded)
+        if missing:
+            send_msg(self.sock, ("import", missing))
+            self.preloaded.update(missing)
 
     def spawn(self, payload: dict, fds: list[int]) -> int:
         """Fork one rank; returns its pid."""
@@ -233,14 +193,16 @@ _server: ForkServer | None = None
 _server_lock = threading.Lock()
 
 
-def get_server() -> ForkServer:
-    """The kernel's one server, started on first use and restarted if it died."""
+def get_server(preload: tuple[str, ...] = ()) -> ForkServer:
+    """The kernel's one server, started on first use and restarted if it died; it imports ``preload`` as well."""
     global _server
     with _server_lock:
         if _server is None or not _server.alive():
             if _server is not None:
                 _server.close()
-            _server = ForkServer()
+            _server = ForkServer(preload)
+        else:
+            _server.preload(preload)
         return _server
 
 

@@ -1,7 +1,8 @@
 """One persistent rank: join the process group once, then run cell after cell in a namespace kept between cells.
 
-The child side of course_lib.interactive (notebooks/05b_collectives_cell_by_cell.ipynb). Forked by the course's
-rank server (course_lib._forkserver) with torch preloaded; shares the one-shot rank's fd redirection and lifeline.
+The child side of persistent ranks (course_lib/persistent_ranks.py, notebooks/05b_collectives_cell_by_cell.ipynb).
+Forked by the rank server (course_lib/_forkserver.py) with torch preloaded; it shares the one-shot rank's setup
+(course_lib/_rank_setup.py) and speaks the request/reply protocol drawn in docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import sys
 import time
 import traceback
 
-from ._forkserver import recv_msg, send_msg
-from ._rank_main import _to_cpu, become_rank, init_group
+from . import transfer
+from ._rank_setup import become_rank, failure_report, init_group, to_cpu
+from .protocol import EXIT_OK, EXIT_RAISED, recv_msg, send_msg
 
 _THIS = os.path.basename(__file__)
 
@@ -25,17 +27,6 @@ _THIS = os.path.basename(__file__)
 def _ignore_sigint(*_):
     # Between cells a late interrupt (the kernel relays every stop press) must not break the message framing.
     pass
-
-
-def _init_group(msg: dict):
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(msg["threads"])
-    dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import, in the server
-    # msg["timeout"] is short (30 s by default, not gloo's 30 min): a rank left waiting in a collective by a peer
-    # whose cell failed gets its error back while the learner is still looking at the cell.
-    init_group(msg)
 
 
 def _namespace(msg: dict) -> dict:
@@ -89,10 +80,7 @@ def _run_cell(ns: dict, code: str, filename: str) -> dict:
             reply["value"] = repr(value)
     except BaseException as exc:
         signal.signal(signal.SIGINT, _ignore_sigint)
-        frames = [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)
-                  if os.path.basename(f.filename) != _THIS]
-        reply = {"ok": False, "etype": type(exc).__name__, "message": str(exc), "time": time.time(),
-                 "frames": frames, "traceback": "".join(traceback.format_exception(exc))}
+        reply = failure_report(exc, "fn", _THIS)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -107,11 +95,8 @@ def _run_cell(ns: dict, code: str, filename: str) -> dict:
 def _pull(ns: dict, name: str) -> dict:
     if name not in ns:
         return {"ok": False, "message": f"rank {ns['rank']} has no variable {name!r}"}
-    import pickle
-
-    value = _to_cpu(ns[name])
     try:
-        return {"ok": True, "value": pickle.dumps(value)}
+        return {"ok": True, "value": transfer.dumps(to_cpu(ns[name]))}
     except Exception as exc:
         return {"ok": False, "message": f"{name} cannot be sent to the notebook ({exc})"}
 
@@ -124,11 +109,13 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
     ctl = socket.socket(fileno=ctl_fd)
     t0 = time.perf_counter()
     try:
-        _init_group(msg)
+        # msg["timeout"] is short (30 s by default, not gloo's 30 min): a rank left waiting in a collective by a
+        # peer whose cell failed gets its error back while the learner is still looking at the cell.
+        init_group(msg)
         ns = _namespace(msg)
     except BaseException as exc:
         send_msg(ctl, ("failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        return 1
+        return EXIT_RAISED
     send_msg(ctl, ("ready", time.perf_counter() - t0))
     cells = 0
     while True:
@@ -139,7 +126,7 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         except OSError:
             req = None
         if req is None or req[0] == "exit":  # EOF: the kernel is gone
-            return 0
+            return EXIT_OK
         try:
             if req[0] == "cell":
                 cells += 1

@@ -1,16 +1,26 @@
-"""A rank process as the kernel sees it: the environment it starts with, its pipes, its output and its result.
+"""A rank process as the kernel sees it: its environment, how it is forked, its pipes and output, how it is ended.
 
-Used by launch.py (one-shot ranks) and interactive.py (persistent ranks); the rank's own side is _rank_main.py.
+One life cycle for both kinds of ranks, one-shot (course_lib/launch.py) and persistent
+(course_lib/persistent_ranks.py); the rank's own side is course_lib/_rank_setup.py. docs/ARCHITECTURE.md draws it.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
+import signal
 import socket
-import struct
+import sys
+import time
 
-_LEN = struct.Struct("!Q")  # the result pipe: an optional b"S" (function started), then length + cloudpickle
+from .protocol import KILL_WAIT_S, STARTED, TERM_TO_KILL_S
+from .transfer import Receiver
+
+PIPE_BYTES = 1 << 20  # a result pipe this large moves a big result in 1 MiB reads (Linux; elsewhere the default)
+
+
+def threads_per_rank(world_size: int) -> int:
+    """Each rank's share of the cores, so that N ranks on one machine do not oversubscribe it."""
+    return max(1, (os.cpu_count() or 1) // world_size)
 
 
 def _loopback_ifname() -> str | None:
@@ -18,18 +28,16 @@ def _loopback_ifname() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def rank_env(the_plan, rank: int, threads: int, check_collectives: bool, port: int | None = None) -> dict:
+def rank_env(the_plan, rank: int, check_collectives: bool) -> dict:
     """The environment of one rank: the kernel's own, plus the variables torchrun would set."""
     env = dict(os.environ)
     n = the_plan.world_size
-    if port is not None:
-        env["MASTER_PORT"] = str(port)
+    # Set by torchrun's agent, it makes every rank a client of an agent's store; the course has no agent, and a
+    # learner's own rendezvous (MASTER_PORT=29500, tcp://...) needs rank 0 to host its store, as torch does.
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     env.update(
-        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(n),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", OMP_NUM_THREADS=str(threads),
-        # With this set, dist.init_process_group("env://") on every rank connects to our store as a client,
-        # exactly as under torchrun, so a learner may also initialise the group in the cell (init=False).
-        TORCHELASTIC_USE_AGENT_STORE="True", COURSE_DEVICE=the_plan.devices[rank],
+        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+        GROUP_RANK="0", OMP_NUM_THREADS=str(threads_per_rank(n)), COURSE_DEVICE=the_plan.devices[rank],
     )
     if check_collectives:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
@@ -39,37 +47,203 @@ def rank_env(the_plan, rank: int, threads: int, check_collectives: bool, port: i
     return env
 
 
-class RankProcess:
-    """The kernel's view of one rank process: its pipes, what it printed, how it ended."""
+def payload(the_plan, rank: int, *, timeout: float, check_collectives: bool, store_file: str, **extra) -> dict:
+    """What the rank server hands a new rank: who it is, how to join the group, and the kernel's env and paths."""
+    n = the_plan.world_size
+    return {"rank": rank, "local_rank": rank, "world_size": n, "backend": the_plan.backend,
+            "device": the_plan.devices[rank], "store_file": store_file, "timeout": timeout,
+            "threads": threads_per_rank(n), "env": rank_env(the_plan, rank, check_collectives), "cwd": os.getcwd(),
+            "sys_path": list(sys.path), **extra}
 
-    def __init__(self, rank: int, pid: int, out_r: int, err_r: int, res_r: int):
-        self.rank, self.pid = rank, pid
-        self.fds = {"out": out_r, "err": err_r, "res": res_r}
-        self.open = set(self.fds)
-        self.text = {"out": [], "err": []}
-        self.partial = {"out": b"", "err": b""}
-        self.res = b""
+
+def rank_preloads() -> tuple[str, ...]:
+    """Modules the rank server should import once for this kernel's ranks, from what the kernel has imported.
+
+    torch imports torch._dynamo on the first use of FSDP2, DTensor or a TorchDispatchMode: 2-6 s per rank per launch
+    on 2 cores, about 3 s once in the server. A kernel that imported FSDP2 or DTensor, or defined its own dispatch
+    mode, will use them in its ranks.
+    """
+    if any(name in sys.modules for name in ("torch.distributed.fsdp", "torch.distributed.tensor")):
+        return ("torch._dynamo",)
+    dispatch = sys.modules.get("torch.utils._python_dispatch")
+    if dispatch is not None:
+        stack = list(dispatch.TorchDispatchMode.__subclasses__())
+        while stack:
+            cls = stack.pop()
+            if not cls.__module__.startswith("torch."):
+                return ("torch._dynamo",)
+            stack.extend(cls.__subclasses__())
+    return ()
+
+
+class RankProcess:
+    """The kernel's view of one rank process: its pipes, what it printed, its result or reply, how it ended."""
+
+    def __init__(self, rank: int, pid: int, fds: dict[str, int], ctl: socket.socket | None = None):
+        self.rank, self.pid, self.fds, self.ctl = rank, pid, fds, ctl
+        self.open = set(fds)
+        self.text: dict[str, list[str]] = {"out": [], "err": []}
+        self._partial = {"out": b"", "err": b""}
+        self.receiver = Receiver() if "res" in fds else None
+        self.started = False  # a one-shot rank began the learner's function
+        self.reply = None  # a persistent rank's answer to the request being waited for
         self.exit: int | None = None
         self.exit_seen = 0.0
         self.stopped_by_us = False
 
-    def done(self, now: float) -> bool:
-        return self.exit is not None and (not self.open or now - self.exit_seen > 1.0)
+    def read(self, kind: str) -> list[str]:
+        """Read what pipe ``kind`` holds now; returns the new complete lines (at its end, the unfinished one too)."""
+        fd = self.fds[kind]
+        if kind == "res":
+            self._read_result(fd)
+            return []
+        lines: list[str] = []
+        while kind in self.open:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                self.open.discard(kind)
+                data = b"\n" if self._partial[kind] else b""
+            *done, self._partial[kind] = (self._partial[kind] + data).split(b"\n")
+            lines += [raw.decode("utf-8", "replace") + "\n" for raw in done]
+        self.text[kind] += lines
+        return lines
 
-    @property
-    def started(self) -> bool:
-        """The rank got past process-group setup and began the learner's function."""
-        return self.res[:1] == b"S"
+    def _read_result(self, fd: int) -> None:
+        r = self.receiver
+        while r.frame is None and not r.head:  # before the frame: the started marker, once
+            try:
+                first = os.read(fd, 1)
+            except BlockingIOError:
+                return
+            if not first:
+                self.open.discard("res")
+                return
+            if first == STARTED and not self.started:
+                self.started = True
+            else:
+                r.head = first  # a frame's length starts with a zero byte, never with the marker
+        if not r.feed_from(fd):
+            self.open.discard("res")
 
     def result(self) -> dict | None:
-        buf = self.res[1:] if self.started else self.res
-        if len(buf) < _LEN.size:
-            return None
-        (n,) = _LEN.unpack_from(buf)
-        if len(buf) < _LEN.size + n:
-            return None
-        return pickle.loads(buf[_LEN.size : _LEN.size + n])
+        """What the rank reported at its end (None if it has not, or died first)."""
+        return self.receiver.value() if self.receiver else None
+
+    def note_exit(self, exits: dict[int, int], now: float) -> None:
+        if self.exit is None and self.pid in exits:
+            self.exit, self.exit_seen = exits.pop(self.pid), now
+
+    def done(self, now: float, drain_s: float) -> bool:
+        """Exited, and its pipes are read to the end (or ``drain_s`` passed: a child it started may hold them)."""
+        return self.exit is not None and (not self.open or now - self.exit_seen > drain_s)
 
     def tail(self, kind: str, lines: int = 12) -> str:
         text = "".join(self.text[kind]).rstrip("\n")
         return "\n".join(text.split("\n")[-lines:]) if text else ""
+
+    def take_text(self, kind: str) -> str:
+        """Everything printed since the last call, the unfinished last line included (persistent ranks, per cell)."""
+        if self._partial[kind]:
+            self.text[kind].append(self._partial[kind].decode("utf-8", "replace") + "\n")
+            self._partial[kind] = b""
+        text, self.text[kind] = "".join(self.text[kind]), []
+        return text
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.ctl is not None:
+            self.ctl.close()
+
+
+def spawn(server, the_payload: dict, persistent: bool = False) -> RankProcess:
+    """Fork one rank with pipes for its stdout and stderr, and a result pipe (or, persistent, a control socket)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    ours = theirs = None
+    if persistent:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        third_r, third_w = None, theirs.fileno()
+    else:
+        third_r, third_w = os.pipe()
+        try:
+            import fcntl
+
+            fcntl.fcntl(third_r, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except (ImportError, AttributeError, OSError):
+            pass  # not Linux, or above the system's limit: the default size only means more reads
+    parent = [out_r, err_r] + ([third_r] if third_r is not None else [])
+    try:
+        pid = server.spawn(the_payload, [out_w, err_w, third_w])
+    except BaseException:
+        for fd in parent:
+            os.close(fd)
+        if ours is not None:
+            ours.close()
+        raise
+    finally:  # the child has its own copies now (or never will): the kernel keeps only the read ends
+        for fd in (out_w, err_w):
+            os.close(fd)
+        if theirs is not None:
+            theirs.close()
+        else:
+            os.close(third_w)
+    for fd in parent:
+        os.set_blocking(fd, False)
+    fds = {"out": out_r, "err": err_r} | ({} if persistent else {"res": third_r})
+    return RankProcess(the_payload["rank"], pid, fds, ours)
+
+
+class Escalation:
+    """Ending ranks that are still running: SIGTERM, SIGKILL TERM_TO_KILL_S later, giving up KILL_WAIT_S after."""
+
+    def __init__(self, procs: list[RankProcess]):
+        self.procs = procs
+        self.phase = "running"  # -> "SIGTERM" -> "SIGKILL" -> "gave up"
+        self.since = 0.0
+
+    def _send(self, sig: int, phase: str, now: float) -> None:
+        self.phase, self.since = phase, now
+        for p in self.procs:
+            if p.exit is None:
+                p.stopped_by_us = True
+                for kill in (os.killpg, os.kill):  # its process group (what it started), then itself
+                    try:
+                        kill(p.pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+    def terminate(self, now: float) -> None:
+        self._send(signal.SIGTERM, "SIGTERM", now)
+
+    def kill(self, now: float) -> None:
+        self._send(signal.SIGKILL, "SIGKILL", now)
+
+    def tick(self, now: float) -> None:
+        """Move on when the current phase's time is up."""
+        if self.phase == "SIGTERM" and now - self.since >= TERM_TO_KILL_S:
+            self.kill(now)
+        elif self.phase == "SIGKILL" and now - self.since >= KILL_WAIT_S:
+            self.phase = "gave up"
+
+
+def end_ranks(procs: list[RankProcess], server) -> None:
+    """End every rank still running and return once the server reported each exit (a second Ctrl-C: SIGKILL now)."""
+    escalation = Escalation(procs)
+    escalation.terminate(time.monotonic())
+    with server.lock:
+        while any(p.exit is None for p in procs) and escalation.phase != "gave up" and server.alive():
+            try:
+                server.pump(0.05)
+            except KeyboardInterrupt:
+                escalation.kill(time.monotonic())
+            now = time.monotonic()
+            for p in procs:
+                p.note_exit(server.exits, now)
+            escalation.tick(now)

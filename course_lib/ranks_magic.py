@@ -1,13 +1,15 @@
-"""The %ranks / %%ranks IPython magic over interactive.Ranks (notebooks/05b_collectives_cell_by_cell.ipynb).
+"""The %ranks / %%ranks IPython magic over a persistent group (notebooks/05b_collectives_cell_by_cell.ipynb).
 
-Load it with ``%load_ext course_lib.interactive``.
+Load it with ``%load_ext course_lib.interactive`` (or ``course_lib.ranks_magic``). This module owns the group the
+magic started.
 """
 
 from __future__ import annotations
 
 import sys
 
-from .interactive import CellFailed, Ranks
+from .cell_result import CellFailed
+from .persistent_ranks import Ranks
 
 _current: Ranks | None = None
 
@@ -78,3 +80,8 @@ def ranks_magic(line: str, cell: str | None = None):
     else:
         raise ValueError(f"unknown %ranks command {cmd!r}: use start, stop, restart, pull or status")
     return None
+
+
+def load_ipython_extension(ipython) -> None:
+    """%load_ext registers %ranks / %%ranks."""
+    ipython.register_magic_function(ranks_magic, "line_cell", "ranks")

@@ -3,119 +3,11 @@
 from __future__ import annotations
 
 import html
-import linecache
-import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-# Messages a rank prints when a *peer* died or stopped: consequences, never the cause (PITFALLS.md).
-PEER_NOISE = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "ECONNRESET",
-    "EPIPE",
-    "Socket closed",
-    "closed by remote",
-)
+from .rank_failure import RankFailure, hint_for, names
 
-
-HINTS = (
-    ("Detected mismatch between collectives",
-     "The ranks called different collectives here (see 'differ in the following aspects'). Every rank must call "
-     "the same collective, in the same order, with tensors of the same shape and dtype."),
-    ("Timed out waiting",
-     "This rank waited in a collective or recv for a peer that never came within the timeout. Look at the ranks "
-     "still running: one of them did not call the matching operation."),
-    ("Connection closed by peer",
-     "Another rank's process ended while this one was talking to it: it crashed (its own error is the real "
-     "cause), or it finished early because the ranks did not call the same collectives with the same sizes."),
-)
-
-
-def hint_for(message: str) -> str:
-    """A sentence a learner can act on, for the torch.distributed errors learners meet most."""
-    return next((hint for needle, hint in HINTS if needle in message), "")
-
-
-def _code_objects(fn, seen=None):
-    """Code objects the launcher sent by value: fn's own, nested ones, and __main__ functions it calls."""
-    seen = set() if seen is None else seen
-    code = getattr(fn, "__code__", None)
-    if code is None or id(code) in seen:
-        return
-    seen.add(id(code))
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        yield c
-        stack.extend(k for k in c.co_consts if hasattr(k, "co_lines"))
-    glb = getattr(fn, "__globals__", {})
-    for name in code.co_names:
-        g = glb.get(name)
-        if callable(g) and getattr(g, "__module__", None) == "__main__":
-            yield from _code_objects(g, seen)
-
-
-def resolve_frames(frames: list, fn) -> list:
-    """Give back the file names that cloudpickle replaces with '<dynamic-code>', so cell lines can be shown."""
-    if not any(f[0] == "<dynamic-code>" for f in frames):
-        return frames
-    by_name: dict[str, list] = {}
-    for c in _code_objects(fn):
-        lines = [ln for _, _, ln in c.co_lines() if ln is not None]
-        by_name.setdefault(c.co_name, []).append((c.co_filename, min(lines, default=0), max(lines, default=0)))
-    out = []
-    for filename, lineno, name, line in frames:
-        if filename == "<dynamic-code>":
-            match = [f for f, lo, hi in by_name.get(name, []) if lo <= (lineno or 0) <= hi]
-            filename = match[0] if match else filename
-        out.append((filename, lineno, name, line))
-    return out
-
-
-@dataclass
-class RankFailure:
-    """How one rank failed: raised an exception, died from a signal, or exited without reporting."""
-
-    rank: int
-    kind: str  # "raised" | "signal" | "exit"
-    message: str
-    time: float
-    etype: str = ""
-    frames: list = field(default_factory=list)
-    traceback: str = ""
-    exitcode: int | None = None
-    stderr_tail: str = ""
-    phase: str = ""  # "load", "init" (joining the group), "fn" (the learner's code), "teardown" (waiting at the end)
-
-    @property
-    def consequence(self) -> bool:
-        return self.kind == "raised" and any(p in self.message for p in PEER_NOISE)
-
-    def headline(self) -> str:
-        if self.kind == "raised":
-            return f"rank {self.rank} raised {self.etype}: {self.message}".rstrip()
-        if self.kind == "signal":
-            try:
-                name = signal.Signals(-self.exitcode).name
-            except ValueError:
-                name = f"signal {-self.exitcode}"
-            what = " (a crash inside C++ code: read its stderr below)" if name in ("SIGABRT", "SIGSEGV") else ""
-            return f"rank {self.rank} was killed by {name} ({-self.exitcode}){what}"
-        return f"rank {self.rank} {self.message}"
-
-    def formatted_traceback(self) -> str:
-        """The rank's traceback, with source lines of notebook cells filled in from this kernel's cache."""
-        if not self.frames:
-            return self.traceback
-        lines = [f"Traceback of rank {self.rank} (most recent call last):"]
-        for filename, lineno, name, line in self.frames:
-            lines.append(f'  File "{filename}", line {lineno}, in {name}')
-            line = line or linecache.getline(filename, lineno or 0).strip()
-            if line:
-                lines.append(f"    {line}")
-        lines.append(f"{self.etype}: {self.message}")
-        return "\n".join(lines)
+__all__ = ["RankFailed", "RankFailure", "RankTimeout", "RunResult"]
 
 
 class RankFailed(RuntimeError):
@@ -126,24 +18,44 @@ class RankFailed(RuntimeError):
         self.rank = failure.rank
         super().__init__(self._text())
 
+    done = "returned from the function"  # what a rank that is no longer part of the run had done
+
+    def returned(self) -> list[int]:
+        """Ranks that had finished the function and waited at the end (so did not call what the others waited in)."""
+        return sorted(o.rank for o in self.others if o.phase == "teardown")
+
+    def situation(self, running: list[int], returned: list[int]) -> list[str]:
+        """What the other ranks were doing when the first failed."""
+        out = []
+        if running:
+            were = "was" if len(running) == 1 else "were"
+            out.append(f"{names(running).capitalize()} {were} still running when it failed (stopped since). A "
+                       "rank that never reaches the matching collective keeps its peers waiting.")
+        if returned:
+            out.append(f"{names(returned).capitalize()} had returned from the function and waited for the others "
+                       "at the end, until the timeout.")
+        return out
+
     def _text(self) -> str:
         f = self.failure
-        parts = [f.headline()]
-        if self.still_running:
-            parts.append(
-                f"Ranks still running when it failed: {', '.join(map(str, self.still_running))} "
-                "(they were stopped). A rank that never reaches the matching collective keeps its peers waiting."
-            )
+        returned = self.returned()
+        running = [r for r in self.still_running if r not in returned]
+        parts = [f.headline(), *self.situation(running, returned)]
         if f.kind == "raised":
             parts.append(f.formatted_traceback())
-            if hint_for(f.message):
-                parts.append("Hint: " + hint_for(f.message))
+            hint = hint_for(f.message, running, returned, self.done)
+            if hint:
+                parts.append("Hint: " + hint)
         if f.stderr_tail:
             parts.append(f"Last lines rank {f.rank} wrote to stderr:\n{f.stderr_tail}")
-        if self.others:
-            said = "; ".join(f"rank {o.rank}: {o.etype or o.kind}: {o.message[:120]}" for o in self.others)
-            parts.append(f"Other ranks then reported (consequences of the first failure): {said}")
+        said = [o.short() for o in self.others if o.phase != "teardown"]
+        if said:
+            parts.append("Other ranks then reported (consequences of the first failure):\n  " + "\n  ".join(said))
         return "\n\n".join(parts)
+
+    def _render_traceback_(self):
+        """What IPython shows: this message alone, not the launcher's frames above it (the rank's own are in it)."""
+        return f"{type(self).__name__}: {self}".split("\n")
 
 
 class RankTimeout(RankFailed):
@@ -151,11 +63,13 @@ class RankTimeout(RankFailed):
 
     def __init__(self, timeout: float, unfinished: list[int], finished: list[int], tails: dict[int, str]):
         self.timeout, self.unfinished, self.finished, self.tails = timeout, unfinished, finished, tails
+        had = "It was" if len(unfinished) == 1 else "They were"
+        ended = f"{names(finished)} had" if finished else "no rank had"
         msg = (
-            f"ranks {', '.join(map(str, unfinished))} had not finished after {timeout:g} s (timeout={timeout:g}); "
-            f"finished: {', '.join(map(str, finished)) or 'none'}. They were stopped. Usual causes: a rank waits in "
-            "send/recv or a collective that its peer never calls (check that every rank calls the same collectives "
-            "in the same order), or the work needs more time (pass a larger timeout=)."
+            f"{names(unfinished)} had not finished after {timeout:g} s (timeout={timeout:g}); {ended}. {had} "
+            "stopped. Usual causes: a rank waits in send/recv or a collective that its peer never calls (check that "
+            "every rank calls the same collectives in the same order), or the work needs more time (pass a larger "
+            "timeout=)."
         )
         for r, tail in tails.items():
             if tail:

@@ -1,0 +1,115 @@
+"""Talking to persistent ranks: numbered requests over each rank's control socket, their replies, their output.
+
+The transport of course_lib/persistent_ranks.py; the rank's side is course_lib/_interactive_rank.py and the
+messages are listed in docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import time
+
+from .protocol import recv_msg, send_msg
+from .rank_process import RankProcess
+
+
+class Channel:
+    """Requests to a group of persistent ranks and the replies that answer them, reading output meanwhile."""
+
+    def __init__(self, server, procs: list[RankProcess]):
+        self.server, self.procs = server, procs
+        self._seq = 0
+
+    def drain(self) -> None:
+        """Read what every rank's pipes hold now (a rank flushes before it replies)."""
+        for p in self.procs:
+            for kind in ("out", "err"):
+                if kind in p.open:
+                    p.read(kind)
+
+    def send(self, procs: list[RankProcess], request: tuple) -> int:
+        """Send ``request`` to each of ``procs``; returns its number, which their replies carry."""
+        self._seq += 1
+        for p in procs:
+            send_msg(p.ctl, (*request, self._seq))
+        return self._seq
+
+    def wait(self, procs: list[RankProcess], seq: int | None, deadline, on_failure=None) -> None:
+        """Read output and replies until each of ``procs`` answered ``seq`` (or died), or ``deadline`` passed.
+
+        ``deadline``: a monotonic time, None for no limit, or a function giving either (it may change while
+        waiting). ``on_failure(p)`` is called when a reply says the request failed on p.
+        """
+        for p in procs:
+            p.reply = None
+        sel = selectors.DefaultSelector()
+        for p in self.procs:
+            for kind in ("out", "err"):
+                if kind in p.open:
+                    sel.register(p.fds[kind], selectors.EVENT_READ, (p, kind))
+            if p in procs:
+                sel.register(p.ctl, selectors.EVENT_READ, (p, None))
+        try:
+            while any(p.reply is None for p in procs):
+                limit = deadline() if callable(deadline) else deadline
+                if limit is not None and time.monotonic() > limit:
+                    return
+                for key, _ in sel.select(timeout=0.1):
+                    p, kind = key.data
+                    if kind is not None:
+                        p.read(kind)
+                        if kind not in p.open:
+                            sel.unregister(key.fd)
+                        continue
+                    try:
+                        msg, _ = recv_msg(p.ctl)
+                    except OSError:
+                        msg = None
+                    if msg is None:  # the rank died: its exit code comes from the server
+                        sel.unregister(p.ctl)
+                        p.reply = ("died", self.exit_code(p))
+                    elif msg[0] in ("ready", "failed") or msg[1] == seq:
+                        p.reply = msg
+                    if p.reply and on_failure and not ok(p.reply):
+                        on_failure(p)
+        finally:
+            sel.close()
+            self.drain()
+
+    def exit_code(self, p: RankProcess, within: float = 1.0) -> int | None:
+        """The exit code the server reports for ``p`` (None if it did not within ``within`` seconds)."""
+        end = time.monotonic() + within
+        with self.server.lock:
+            while p.pid not in self.server.exits and time.monotonic() < end and self.server.pump(0.05):
+                pass
+            p.note_exit(self.server.exits, time.monotonic())
+        return p.exit
+
+    def interrupt(self, procs: list[RankProcess]) -> None:
+        """Relay the stop button: SIGINT to each rank, which raises KeyboardInterrupt in a running cell."""
+        for p in procs:
+            try:
+                os.kill(p.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def ask_exit(self, within: float) -> None:
+        """Ask every rank to leave its loop, and wait up to ``within`` seconds for the server to report them gone."""
+        for p in self.procs:
+            try:
+                send_msg(p.ctl, ("exit", 0))
+            except OSError:
+                pass
+        end = time.monotonic() + within
+        with self.server.lock:
+            while any(p.exit is None for p in self.procs) and time.monotonic() < end and self.server.alive():
+                self.server.pump(0.02)
+                for p in self.procs:
+                    p.note_exit(self.server.exits, time.monotonic())
+
+
+def ok(reply) -> bool:
+    """The reply says the request succeeded."""
+    return reply[0] == "reply" and reply[2].get("ok", False)
