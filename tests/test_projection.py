@@ -7,7 +7,8 @@ import matplotlib
 import pytest
 
 from course_lib import costmodel as cm
-from course_lib.training import netem, projection
+from course_lib.measure import netem
+from course_lib.training import projection
 
 matplotlib.use("Agg")
 
