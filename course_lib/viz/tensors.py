@@ -18,7 +18,8 @@ from matplotlib.patches import Patch, Rectangle
 
 from course_lib.collectives.origins import sources
 
-PALETTE = plt.get_cmap("tab10").colors
+# tab10 without its grey (index 7): grey means "combined from different colours" here.
+PALETTE = tuple(c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7)
 REDUCED = "#bdbdbd"  # combined from elements of different colours: no single colour fits
 MIXED = -1           # colour id of such an element
 UNWRITTEN = -2       # colour id of an element no rank wrote in this call (its buffer's initial value)
