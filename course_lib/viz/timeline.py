@@ -12,9 +12,11 @@ COLORS = {"compute": "#4c9a2a", "comm": "#1f77b4", "wait": "#d62728"}
 _ROW = {"compute": 0, "comm": 1, "wait": 2}
 
 
-def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=None, until: float | None = None):
+def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=None, until: float | None = None,
+               marks: dict | None = None):
     """One band per rank, three thin lanes in it (compute, comm, wait); x = milliseconds since the common barrier.
-    Nested regions in a lane overdraw their parent (same colour). `until`: cut the x axis (seconds)."""
+    Nested regions in a lane overdraw their parent (same colour). `until`: cut the x axis (seconds). `marks`:
+    {label: seconds}, each drawn as a dashed vertical line across every rank, labelled at the top."""
     n = len(per_rank)
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.55 * n + 1.0), dpi=100)
@@ -28,6 +30,9 @@ def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=N
     ax.set_xlabel("time since the barrier (ms)")
     if until is not None:
         ax.set_xlim(0, until * 1e3)
+    for label, t in (marks or {}).items():
+        ax.axvline(t * 1e3, color="black", ls="--", lw=1)
+        ax.text(t * 1e3, 0.99, f" {label}", transform=ax.get_xaxis_transform(), fontsize=8, va="top")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(handles, list(COLORS), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(title, fontsize=10)
