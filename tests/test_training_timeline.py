@@ -36,3 +36,16 @@ def test_ddp_timeline_shows_torch_all_reduce():
 def test_busy_counts_nested_regions_once():
     events = [("comm", "a", 0.0, 1.0), ("comm", "b", 0.5, 0.8), ("comm", "c", 0.9, 1.5), ("wait", "w", 0, 9)]
     assert abs(busy(events, "comm") - 1.5) < 1e-12
+
+
+def test_plot_lanes_marks_a_moment_across_every_rank():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_lib.viz.timeline import plot_lanes
+
+    lanes = [[("comm", "send", 0.0, 0.3)], [("wait", "pull", 0.25, 0.3)]]
+    ax = plot_lanes(lanes, marks={"all workers ready": 0.25})
+    assert [line.get_xdata()[0] for line in ax.lines] == [250.0]
+    assert any(t.get_text().strip() == "all workers ready" for t in ax.texts)
+    matplotlib.pyplot.close("all")
