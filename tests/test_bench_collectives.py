@@ -35,6 +35,47 @@ def test_predicted_ratios_for_four_ranks():
     assert r["shared_cpu_total_bytes"] == pytest.approx((3 + 0.75 + 3) / 6)
 
 
+def test_one_prediction_for_the_reduce_broadcast_ratio():
+    assert bc.predicted_ratio(4, one_host=True) == ("shared_cpu_total_bytes", pytest.approx((3 + 0.75 + 3) / 6))
+    assert bc.predicted_ratio(4, one_host=False) == ("gloo_algorithms", pytest.approx((0.75 + 0.75 + 2) / 1.5))
+
+
+def _times_over_ranks():
+    import torch.distributed as dist
+
+    value = float(dist.get_rank() + 1)
+    return {how: bc._over_ranks(value, "cpu", how) for how in bc.AVERAGES}
+
+
+def test_time_over_ranks_is_nccl_tests_average_option():
+    from course_lib import run
+
+    got = run(_times_over_ranks, 4, timeout=30, output="none").values
+    assert got == [{"max": 4.0, "mean": 2.5, "min": 1.0, "rank0": 1.0}] * 4
+    assert bc.AVERAGES == {"max": 3, "mean": 1, "min": 2, "rank0": 0}   # nccl-tests -a numbers
+
+
+def test_torchrun_ranks_take_their_node_gpu_not_cuda_local_rank(monkeypatch):
+    """Two torchrun "nodes" on one machine, one worker each: both have LOCAL_RANK 0; the node's GPU list decides."""
+    import torch
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw["device_id"])))
+    for node_gpus in ("0", "1"):
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+        monkeypatch.setenv("LAB_GPUS", node_gpus)
+        assert bc._join("auto") == "nccl"
+    assert calls == [("set_device", 0), ("nccl", torch.device("cuda", 0)),
+                     ("set_device", 1), ("nccl", torch.device("cuda", 1))]
+    calls.clear()
+    monkeypatch.setenv("LAB_GPUS", "")                      # a node without GPUs: gloo, no device chosen
+    assert bc._join("auto") == "gloo" and calls == [("gloo", None)]
+
+
 def test_cli_under_the_course_launcher(tmp_path, capsys):
     out_csv, out_json, out_png = tmp_path / "s.csv", tmp_path / "s.json", tmp_path / "s.png"
     rc = bc.main(["--ranks", "3", "--ops", *bc.TORCH_OPS, *bc.COURSE_OPS, "--min-bytes", "4K", "--max-bytes", "8K",
@@ -49,9 +90,10 @@ def test_cli_under_the_course_launcher(tmp_path, capsys):
         factor = bc.FACTORS["all_reduce" if r["op"] in bc.COURSE_OPS + ["reduce+broadcast"] else r["op"]](3)
         assert float(r["busbw_GBps"]) == pytest.approx(float(r["algbw_GBps"]) * factor)
         assert float(r["algbw_GBps"]) == pytest.approx(int(r["size_bytes"]) / float(r["time_us"]) / 1e3)
-        assert "measured" in r["source"]
+        assert r["source"].startswith("measured on ") and " cores, " in r["source"] and "slowest rank" in r["source"]
+        assert r["time_over_ranks"] == "max" and r["hosts"] == "1"
     summary = json.load(open(out_json))["summary"]
-    assert "fit" in summary and "reduce_bcast_over_allreduce" in summary
+    assert "fit" in summary and summary["reduce_bcast_over_allreduce"]["model"] == "shared_cpu_total_bytes"
     assert out_png.stat().st_size > 1000
 
 

@@ -1,8 +1,12 @@
 """nccl-tests-style sweep of torch's collectives and the course's own algorithms (notebooks/07_measuring_communication).
 
 Definitions from NVIDIA nccl-tests doc/PERFORMANCE.md: algbw = S / t; busbw = algbw x factor (all_reduce
-2(n-1)/n; reduce_scatter, all_gather and alltoall (n-1)/n with S the whole array; broadcast, reduce, sendrecv 1),
-t = the slowest rank's mean time per iteration. Same command under the course launcher and under torchrun:
+2(n-1)/n; reduce_scatter, all_gather and alltoall (n-1)/n with S the whole array; broadcast, reduce, sendrecv 1).
+t is one number per size although every rank measures its own time per iteration: nccl-tests averages the ranks by
+default (its option -a 1; -a 0 rank 0, -a 2 the fastest, -a 3 the slowest). This course reports the slowest rank
+(--average max, nccl-tests' -a 3) unless told otherwise: a collective is finished for the job only when its last
+rank is, and with several ranks sharing a CPU their times differ by tens of percent, which an average would hide.
+Same command under the course launcher and under torchrun:
 
     python -m course_lib.bench.collectives --ranks 4 --max-bytes 64M          # course launcher (run())
     torchrun --standalone --nproc-per-node=4 -m course_lib.bench.collectives  # torchrun, any number of nodes
@@ -16,10 +20,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 
-from .sweep_report import analyse, human, predicted_ratios, report, table, write_csv  # noqa: F401 (public here too)
+from .sweep_report import (  # noqa: F401 (public here too)
+    analyse,
+    human,
+    predicted_ratio,
+    predicted_ratios,
+    report,
+    table,
+    write_csv,
+)
 
 # op -> busbw factor as a function of n ranks (nccl-tests doc/PERFORMANCE.md).
 FACTORS = {
@@ -88,14 +101,20 @@ def _make_op(name: str, nbytes: int, dtype, dev):
     raise ValueError(f"unknown op {name!r}; choose from {TORCH_OPS + COURSE_OPS}")
 
 
+AVERAGES = {"max": 3, "mean": 1, "min": 2, "rank0": 0}   # --average name -> nccl-tests' -a number
+
+
 def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup: int = 3, iters: int = 50,
-          seconds_per_point: float = 1.0, progress: bool = True, blocks: int = 3) -> list[dict]:
+          seconds_per_point: float = 1.0, progress: bool = True, blocks: int = 3, average: str = "max") -> list[dict]:
     """Runs on every rank: time every op at every size; returns the rows (identical on all ranks).
 
     At each size the ops take turns, `blocks` rounds of timed iterations each, and an op's time is the median of
-    its blocks (each block: the slowest rank's mean time per call). Taking turns means that load from other
-    programs on a shared machine falls on all ops alike, so ratios measured side by side stay fair.
+    its blocks (each block: every rank's mean time per call, combined over ranks by `average`: "max" the slowest
+    rank, "mean", "min" or "rank0", as nccl-tests' -a 3/1/2/0). Taking turns means that load from other programs on
+    a shared machine falls on all ops alike, so ratios measured side by side stay fair.
     """
+    if average not in AVERAGES:
+        raise ValueError(f"average must be one of {sorted(AVERAGES)}, got {average!r}")
     import statistics
 
     import torch
@@ -105,6 +124,9 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
 
     dtype, dev = getattr(torch, dtype_name), device()
     rank, p = dist.get_rank(), dist.get_world_size()
+    names = [None] * p
+    dist.all_gather_object(names, socket.gethostname())    # one host or several decides what to predict
+    hosts = len(set(names))
     es = torch.tensor([], dtype=dtype).element_size()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     rows, t_start = [], time.perf_counter()
@@ -128,7 +150,7 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
                 for _ in range(n_it[op]):
                     fn()
                 sync()
-                times[op].append(_max_over_ranks((time.perf_counter() - t0) / n_it[op], dev))
+                times[op].append(_over_ranks((time.perf_counter() - t0) / n_it[op], dev, average))
                 del fn
         for op in ops:
             sec = statistics.median(times[op])
@@ -138,7 +160,7 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
             rows.append({"op": op, "impl": "course" if op in COURSE_OPS else "torch", "backend": dist.get_backend(),
                          "ranks": p, "size_bytes": size, "count": counts[op], "dtype": dtype_name,
                          "time_us": sec * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-                         "iters": n_it[op] * blocks})
+                         "iters": n_it[op] * blocks, "time_over_ranks": average, "hosts": hosts})
         if progress and rank == 0:
             _progress(i + 1, len(sizes), human(nbytes), time.perf_counter() - t_start)
     order = {op: k for k, op in enumerate(ops)}
@@ -146,12 +168,22 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
 
 
 def _max_over_ranks(value: float, dev) -> float:
-    """The largest value over all ranks (nccl-tests reports the slowest rank's time)."""
+    """The largest value over all ranks (every rank must run as many iterations as the slowest one needs)."""
+    return _over_ranks(value, dev, "max")
+
+
+def _over_ranks(value: float, dev, how: str) -> float:
+    """One number from every rank's value: max, mean, min or rank 0's (nccl-tests -a 3, 1, 2, 0)."""
     import torch
     import torch.distributed as dist
 
     t = torch.tensor([value], dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if how == "rank0":
+        dist.broadcast(t, 0)
+    else:
+        dist.all_reduce(t, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}[how])
+        if how == "mean":
+            t /= dist.get_world_size()
     return t.item()
 
 
@@ -178,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=50, help="at most this many timed iterations per block")
     ap.add_argument("--blocks", type=int, default=3, help="rounds in which the ops take turns; median is kept")
     ap.add_argument("--seconds-per-point", type=float, default=1.0, help="fewer iterations when slower than this")
+    ap.add_argument("--average", choices=sorted(AVERAGES), default="max",
+                    help="how the ranks' times make one: max = the slowest rank (nccl-tests -a 3, the default here), "
+                    "mean = nccl-tests' default -a 1, min = -a 2, rank0 = -a 0")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--ceiling-seconds", type=float, default=0.5, help="0 skips the memcpy/TCP ceilings")
@@ -188,21 +223,31 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _join(backend: str) -> str:
+    """Under torchrun: join env:// with the backend and GPU every lab uses (course_lib.labs.group.choose).
+
+    NCCL only when this node has a GPU for each of its workers, and worker LOCAL_RANK on the node's own GPU of that
+    number (course_lib.devices.node_gpu), so two torchrun "nodes" sharing one machine never land on the same GPU.
+    """
+    import torch.distributed as dist
+
+    from course_lib.labs.group import choose
+
+    backend, dev = choose(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                          backend)
+    dist.init_process_group(backend, device_id=dev if backend == "nccl" else None)
+    return backend
+
+
 def _torchrun_rank(args) -> list[dict]:
-    """Under torchrun: this process is one rank; initialise from env:// (NCCL when there is a GPU per rank)."""
-    import torch
+    """Under torchrun: this process is one rank of the sweep."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = args.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        _join(args.backend)
     try:
         return sweep(args.ops, _sizes(args), args.dtype, args.warmup, args.iters, args.seconds_per_point,
-                     not args.no_progress, args.blocks)
+                     not args.no_progress, args.blocks, args.average)
     finally:
         dist.destroy_process_group()
 
@@ -230,7 +275,7 @@ def main(argv=None) -> int:
         from course_lib import run
 
         res = run(sweep, args.ranks, args=(args.ops, _sizes(args), args.dtype, args.warmup, args.iters,
-                                           args.seconds_per_point, not args.no_progress, args.blocks),
+                                           args.seconds_per_point, not args.no_progress, args.blocks, args.average),
                   backend=args.backend, timeout=args.timeout, output="live")
         rows = res.values[0]
     if not lead:
@@ -238,7 +283,8 @@ def main(argv=None) -> int:
     summary = analyse(rows)
     print(report(rows, ceilings, summary))
     if args.csv:
-        write_csv(rows, args.csv, ceilings)
+        launcher = "torchrun ... -m" if under_torchrun else "python -m"
+        write_csv(rows, args.csv, ceilings, f"{launcher} course_lib.bench.collectives {' '.join(argv or sys.argv[1:])}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "ceilings": ceilings, "summary": summary}, f, indent=1)

@@ -2,12 +2,14 @@
 
 Rows come from course_lib.bench.collectives.sweep. The analysis fits alpha and beta to torch's all_reduce with the
 ring formula (gloo's all_reduce is a ring: gloo/allreduce.cc), compares the course's ring with it, and puts the
-measured reduce + broadcast / all_reduce time ratio next to what the cost formulas predict.
+measured reduce + broadcast / all_reduce time ratio next to the one prediction that fits where the ranks ran.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import platform
 
 
 def human(n: float) -> str:
@@ -31,13 +33,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_csv(rows: list[dict], path: str, ceilings: dict | None = None) -> None:
+STATS = {"max": "the slowest rank's", "mean": "the ranks' average", "min": "the fastest rank's", "rank0": "rank 0's"}
+
+
+def machine() -> str:
+    """What the numbers were measured on: CPU model, cores, OS, torch (and GPU, where there is one)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = ""
+    if torch.cuda.is_available():
+        gpu = f", {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}{gpu}"
+
+
+def write_csv(rows: list[dict], path: str, ceilings: dict | None = None, command: str | None = None) -> None:
     import csv
 
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) + ["source"])
         w.writeheader()
-        note = "measured by python -m course_lib.bench.collectives on this machine"
+        note = f"measured on {machine()} with: {command or 'python -m course_lib.bench.collectives'}"
+        stat = rows[0].get("time_over_ranks", "max")
+        note += f"; time per call: {STATS.get(stat, stat)}, median of the blocks"
         if ceilings:
             note += f" (memcpy {ceilings.get('memcpy_GBps', 0):.2f} GB/s, loopback TCP "
             note += f"{ceilings.get('loopback_tcp_GBps', 0):.2f} GB/s, one direction)"
@@ -45,8 +68,14 @@ def write_csv(rows: list[dict], path: str, ceilings: dict | None = None) -> None
             w.writerow({**r, "source": note})
 
 
-def analyse(rows: list[dict]) -> dict:
-    """Alpha-beta fit of torch's all_reduce, the course ring vs torch, and reduce+broadcast vs all_reduce."""
+def analyse(rows: list[dict], one_host: bool | None = None) -> dict:
+    """Alpha-beta fit of torch's all_reduce, the course ring vs torch, and reduce+broadcast vs all_reduce.
+
+    one_host: the ranks shared one machine's cores and memory, which decides the prediction the reduce+broadcast
+    ratio is compared with (predicted_ratio); by default read from the rows' `hosts` (1 when absent).
+    """
+    if one_host is None:
+        one_host = rows[0].get("hosts", 1) == 1 if rows else True
     from course_lib import costmodel as cm
 
     out: dict = {}
@@ -69,9 +98,22 @@ def analyse(rows: list[dict]) -> dict:
     if rb:
         s = max(rb)
         p = by[("all_reduce", s)]["ranks"]
+        model, predicted = predicted_ratio(p, one_host)
         out["reduce_bcast_over_allreduce"] = {"size": human(s), "measured": by[("reduce+broadcast", s)]["time_us"]
-                                              / by[("all_reduce", s)]["time_us"], **predicted_ratios(p)}
+                                              / by[("all_reduce", s)]["time_us"], "predicted": predicted,
+                                              "model": model}
     return out
+
+
+def predicted_ratio(p: int, one_host: bool = True) -> tuple[str, float]:
+    """The one prediction of reduce + broadcast time over all_reduce time (large n) that fits where the ranks run.
+
+    On one host there are no links: every byte any rank sends over loopback TCP is copied by the same cores through
+    the same memory, so time follows the total bytes all ranks move ("shared_cpu_total_bytes"). With a link and a
+    CPU per rank, time follows the busiest link under the algorithms gloo runs ("gloo_algorithms").
+    """
+    name = "shared_cpu_total_bytes" if one_host else "gloo_algorithms"
+    return name, predicted_ratios(p)[name]
 
 
 def predicted_ratios(p: int) -> dict:
@@ -108,8 +150,6 @@ def report(rows: list[dict], ceilings: dict | None, summary: dict) -> str:
             f"{k} {v:.2f}x" for k, v in summary["ring_over_torch_busbw_16M_up"].items()))
     rb = summary.get("reduce_bcast_over_allreduce")
     if rb:
-        lines.append(f"# reduce+broadcast / all_reduce time at {rb['size']}: measured {rb['measured']:.2f}x; "
-                     f"predicted: bandwidth-optimal {rb.get('bandwidth_optimal_2x', 0):.2f}x, binomial trees "
-                     f"{rb.get('binomial_trees', 0):.2f}x, gloo's algorithms {rb.get('gloo_algorithms', 0):.2f}x, "
-                     f"shared-CPU total bytes {rb.get('shared_cpu_total_bytes', 0):.2f}x")
+        lines.append(f"# reduce+broadcast / all_reduce time at {rb['size']}: measured {rb['measured']:.2f}x, "
+                     f"predicted {rb['predicted']:.2f}x ({rb['model'].replace('_', ' ')})")
     return "\n".join(lines)
