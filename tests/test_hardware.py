@@ -39,8 +39,8 @@ def test_bandwidth_directions_are_consistent():
         assert r["nvlink_GBps_bidirectional"] == 2 * r["nvlink_GBps_one_direction"]
 
 
-def test_reference_md_figures_in_the_tables():
-    # REFERENCE.md: H100 NVLink 4 = 18 links, 900 GB/s both ways, 450 each way; PCIe 5 x16 ~64 GB/s each way
+def test_datasheet_figures_in_the_tables():
+    # H100 datasheet: NVLink 4 = 18 links, 900 GB/s both ways, 450 each way; PCIe 5 x16 63 GB/s each way
     h100 = hw.row("accelerators", "H100 SXM 80GB")
     nv = (h100["nvlink_links"], h100["nvlink_GBps_bidirectional"], h100["nvlink_GBps_one_direction"])
     assert nv == (18, 900, 450)

@@ -84,7 +84,8 @@ def gpu_copies_GBps(seconds: float = 0.5, n_bytes: int = 256 * MiB) -> dict:
     import torch
 
     out = {"h2d_GBps": None, "d2h_GBps": None, "d2d_GBps": None, "p2p_GBps": None}
-    # device_count() asks NVML and does not initialise CUDA (PITFALLS.md): no GPU, no CUDA context made here.
+    # device_count() asks NVML and does not initialise CUDA: on a machine without a GPU no CUDA context is made here,
+    # so a later fork of this process (the course's rank server) still works.
     if torch.cuda.device_count() == 0 or not torch.cuda.is_available():
         return out
 

@@ -32,12 +32,12 @@ def _tags(x: torch.Tensor, width: int, group=None) -> torch.Tensor:
 
 
 def _zeros_like(b):
-    """An output buffer of the tag run: same shape, int64, all zero (= written by no rank)."""
-    if b is None:
-        return None
+    """An output buffer of the tag run: same shape, int64, all zero (= written by no rank); non-tensors pass as is."""
     if isinstance(b, (list, tuple)):
         return type(b)(_zeros_like(t) for t in b)
-    return torch.zeros(b.shape, dtype=torch.int64, device=b.device)
+    if isinstance(b, torch.Tensor):
+        return torch.zeros(b.shape, dtype=torch.int64, device=b.device)
+    return b  # None, a process group, a number: handed to op unchanged
 
 
 def _to_cpu(out):
@@ -50,20 +50,21 @@ def _to_cpu(out):
     return out
 
 
-def origins(op, x: torch.Tensor | None, *buffers):
-    """Run ``op(tags, *buffers)`` where tags replace x and every buffer is an int64 zero copy; return its result.
+def origins(op, x: torch.Tensor | None, *args):
+    """Run ``op(tags, *args)`` where tags replace x and every tensor in args an int64 zero copy; return its result.
 
     ``op`` is the collective exactly as the lesson calls it, written as a function of its input (and of its output
-    buffers, if it takes them) that returns what the figure draws; an in-place op may return None (the tags are
-    returned then). Every rank must call this, as every rank calls the collective. x may be None on ranks that hold
-    no input (scatter's non-roots). Element i of rank r in the result has bit r*L + i set iff that element went in.
+    buffers and anything else it needs, like a group) that returns what the figure draws; an in-place op may return
+    None (the tags are returned then). Every rank must call this, as every rank calls the collective. x may be None
+    on ranks that hold no input (scatter's non-roots). Element i of rank r in the result has bit r*L + i set iff that
+    element went into it.
     """
     import course_lib
 
     dev = x.device if x is not None else course_lib.device()
     width = _width(x, dev)
     tags = None if x is None else _tags(x, width)
-    out = op(tags, *(_zeros_like(b) for b in buffers))
+    out = op(tags, *(_zeros_like(a) for a in args))
     return _to_cpu(tags if out is None else out)
 
 

@@ -61,7 +61,7 @@ def reducer(op="sum"):
 def flat_work(tensor: torch.Tensor) -> torch.Tensor:
     """A 1-D view to work in: the tensor itself when contiguous, else a contiguous copy (copy back at the end).
 
-    Why: a non-contiguous view handed to send/recv moves the wrong elements (PITFALLS.md).
+    Why: a non-contiguous view handed to send/recv can move the wrong elements.
     """
     return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
 
