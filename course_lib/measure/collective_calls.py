@@ -1,0 +1,48 @@
+"""Count the torch.distributed collectives a rank calls, from any thread (notebook 11: DDP's PowerSGD hook).
+
+CommLog (comm_log.py) sees collectives through a dispatch mode, which is thread-local: a DDP communication hook's
+later all-reduces run in callbacks on gloo's threads, outside it. Wrapping the functions of the torch.distributed
+module instead sees every call that looks them up there, whatever the thread, as the hooks in
+torch.distributed.algorithms.ddp_comm_hooks do (`dist.all_reduce(...)`). Only calls made inside the block count.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
+         "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all", "all_to_all_single")
+
+
+@dataclass
+class Call:
+    """One collective call: its name and the elements and bytes of its first tensor argument."""
+
+    op: str
+    numel: int
+    nbytes: int
+
+
+@contextmanager
+def counted(names=NAMES):
+    """`with counted() as calls:` appends a Call to `calls` for each torch.distributed collective in `names`."""
+    calls: list[Call] = []
+    saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
+
+    def wrap(name, fn):
+        def call(tensor, *args, **kwargs):
+            t = tensor[0] if isinstance(tensor, list | tuple) else tensor
+            calls.append(Call(name, t.numel(), t.numel() * t.element_size()))
+            return fn(tensor, *args, **kwargs)
+        return call
+
+    for name, fn in saved.items():
+        setattr(dist, name, wrap(name, fn))
+    try:
+        yield calls
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)

@@ -1,0 +1,211 @@
+"""Gossip (decentralized) SGD: topologies, their mixing matrix and spectral gap, neighbour averaging, D-PSGD.
+
+Taught in notebooks/11_decentralized_training.ipynb (written there cell by cell first; this is the reference).
+A topology says whom each rank talks to; its mixing matrix W says how much of each neighbour's model a rank keeps:
+after one gossip round rank i holds sum_j W[i, j] x_j. Every W here is doubly stochastic (rows and columns sum to
+1), so a round never moves the average of the models, only pulls the models towards it. How fast is set by
+rho = ||W - 11^T/p||_2 (the second-largest |eigenvalue| for these normal matrices): the distance to the average
+shrinks at least by rho per round, and 1 - rho is the spectral gap.
+Topologies: ring (2 neighbours), 2-D torus (4), static exponential graph (rank i sends to i + 2^k, k = 0..tau-1,
+tau = ceil(log2 p)) and its one-peer version (round t: only i + 2^(t mod tau)), both from Ying et al., "Exponential
+Graph is Provably Efficient for Decentralized Deep Training", NeurIPS 2021; complete (everyone, weight 1/p).
+D-PSGD: Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?", NeurIPS 2017, written in
+the order of Koloskova et al., ICML 2020 (Algorithm 1): a local SGD step, then one gossip round.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import device
+from ..measure.netem import emulate
+from ..measure.traffic import Meter, metered
+from .data import load_digits, worker_batch
+from .model import flat_grads, flat_params, make_mlp, set_flat_params
+from .straggler import Straggler
+
+TOPOLOGIES = ("ring", "torus", "exponential", "one-peer exponential", "complete")
+
+
+def torus_shape(p: int) -> tuple[int, int]:
+    """Rows and columns of the 2-D torus on p ranks: the two factors of p closest to sqrt(p) (rows <= columns)."""
+    r = math.isqrt(p)
+    while p % r:
+        r -= 1
+    return r, p // r
+
+
+def tau(p: int) -> int:
+    """Hops of the exponential graph: the number of powers of two below p, ceil(log2 p)."""
+    return (p - 1).bit_length()
+
+
+def _offsets(topology: str, p: int, step: int) -> list[int]:
+    """Every topology but the torus is circulant: rank i sends to i + o (mod p) for each offset o."""
+    if topology == "ring":
+        return [1, p - 1]
+    if topology == "exponential":
+        return [2 ** k for k in range(tau(p))]
+    if topology == "one-peer exponential":
+        return [2 ** (step % tau(p))]
+    return list(range(1, p))   # complete
+
+
+def out_neighbours(topology: str, p: int, rank: int, step: int = 0) -> list[int]:
+    """The distinct ranks `rank` sends its model to in round `step` (never itself)."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}; one of {TOPOLOGIES}")
+    if p == 1:
+        return []
+    if topology == "torus":
+        rows, cols = torus_shape(p)
+        r, c = divmod(rank, cols)
+        peers = [r * cols + (c + 1) % cols, r * cols + (c - 1) % cols,
+                 ((r + 1) % rows) * cols + c, ((r - 1) % rows) * cols + c]
+    else:
+        peers = [(rank + o) % p for o in _offsets(topology, p, step)]
+    return sorted({q for q in peers if q != rank})
+
+
+def in_neighbours(topology: str, p: int, rank: int, step: int = 0) -> list[int]:
+    """The distinct ranks whose model `rank` receives in round `step` (the torus is symmetric: its out-neighbours)."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}; one of {TOPOLOGIES}")
+    if p == 1:
+        return []
+    if topology == "torus":
+        return out_neighbours(topology, p, rank, step)
+    return sorted({(rank - o) % p for o in _offsets(topology, p, step)} - {rank})
+
+
+def mixing_matrix(topology: str, p: int, step: int = 0) -> torch.Tensor:
+    """W (float64, p x p): rank i keeps an equal share 1/(d+1) of itself and of each of its d in-neighbours."""
+    w = torch.zeros(p, p, dtype=torch.float64)
+    for i in range(p):
+        srcs = in_neighbours(topology, p, i, step)
+        w[i, i] = 1.0 / (len(srcs) + 1)
+        w[i, srcs] = 1.0 / (len(srcs) + 1)
+    return w
+
+
+def rho(w: torch.Tensor) -> float:
+    """||W - 11^T/p||_2: how much one round shrinks the worst distance to the average (1 = never converges)."""
+    p = w.shape[0]
+    return torch.linalg.matrix_norm(w - torch.full_like(w, 1.0 / p), ord=2).item()
+
+
+def spectral_gap(w: torch.Tensor) -> float:
+    """1 - rho(W): 0 for a graph whose models never agree, 1 for the complete graph (one round = exact average)."""
+    return 1.0 - rho(w)
+
+
+def rounds_to_consensus(w: torch.Tensor, eps: float) -> float:
+    """The fewest rounds t with rho^t <= eps: after them every rank's distance to the average is at most eps times
+    what it was (math.inf when rho >= 1: a disconnected or periodic graph never agrees)."""
+    r = rho(w)
+    if r >= 1 - 1e-12:
+        return math.inf
+    if r <= 0 or eps >= 1:
+        return 0 if eps >= 1 else 1
+    t = max(0, math.ceil(math.log(eps) / math.log(r)))
+    while r ** t > eps:          # the logarithms are rounded: settle the last step by the definition itself
+        t += 1
+    while t > 0 and r ** (t - 1) <= eps:
+        t -= 1
+    return t
+
+
+def gossip_round(x: torch.Tensor, topology: str, step: int = 0) -> torch.Tensor:
+    """One gossip round in place: send x to every out-neighbour, receive each in-neighbour's x (isend/irecv, all
+    posted before any wait, so no ordering can deadlock), then x <- (x + sum of received) / (d + 1)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    dsts, srcs = out_neighbours(topology, p, rank, step), in_neighbours(topology, p, rank, step)
+    inbox = [torch.empty_like(x) for _ in srcs]
+    reqs = [dist.irecv(buf, src) for buf, src in zip(inbox, srcs)]
+    reqs += [dist.isend(x, dst) for dst in dsts]
+    for r in reqs:
+        r.wait()
+    for buf in inbox:
+        x += buf
+    x /= len(srcs) + 1
+    return x
+
+
+def consensus_distance(x: torch.Tensor) -> float:
+    """(1/p) sum_i ||x_i - mean||^2 over the ranks (Kong et al., ICML 2021). A measurement, not part of training:
+    it uses dist.all_reduce, which the byte meter and the link emulation (point-to-point only) do not see."""
+    p = dist.get_world_size()
+    mean = x.detach().double().clone()
+    dist.all_reduce(mean)
+    mean /= p
+    sq = ((x.double() - mean) ** 2).sum().reshape(1)
+    dist.all_reduce(sq)
+    return sq.item() / p
+
+
+def evaluate(model: nn.Module) -> tuple[float, float]:
+    """Loss and accuracy of a model on all 1797 digits (the set every rank trains on, shard by shard)."""
+    x, y = load_digits()
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(x.to(dev))
+        return nn.functional.cross_entropy(out, y.to(dev)).item(), (out.argmax(1).cpu() == y).float().mean().item()
+
+
+def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
+                seed: int = 0, link=None, measure_consensus: bool = True, straggler=None) -> dict:
+    """Run on every rank: decentralized SGD, a local SGD step on this rank's shard, then one gossip round.
+
+    Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received), the consensus
+    distance after each step (measure_consensus: one extra all-reduce per step, outside the meter and the link, so
+    leave it off when timing), the final loss and accuracy on all digits, and compute seconds per step.
+    `straggler`: (rank, factor[, compute_s]) for straggler.Straggler: that rank computes factor times as long.
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    model = make_mlp(hidden, seed).to(device())
+    slow = Straggler(model, *(straggler or (-1, 1.0)))
+    x, y = load_digits()
+    meter = Meter()
+    losses, step_s, consensus = [], [], []
+    with emulate(link), metered(meter):
+        for step in range(steps):
+            t = time.perf_counter()
+            xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
+            model.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb.to(device())), yb.to(device()))
+            loss.backward()
+            flat = flat_params(model) - lr * flat_grads(model)     # the local SGD step
+            gossip_round(flat, topology, step)                     # then average with the neighbours
+            set_flat_params(model, flat)
+            meter.step()
+            step_s.append(time.perf_counter() - t)
+            losses.append(loss.item())
+            if measure_consensus:
+                consensus.append(consensus_distance(flat))
+    final_loss, acc = evaluate(model)
+    return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
+            "consensus": consensus, "final_loss": final_loss, "accuracy": acc, "compute_s": slow.compute_s,
+            "model_bytes": flat.numel() * flat.element_size()}
+
+
+def simulate(topology: str, n_workers: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
+             seed: int = 0) -> torch.Tensor:
+    """One process playing n workers of dpsgd_train: X <- W (X - lr G) with every worker's model a row of X.
+    Returns the (n_workers, parameters) float32 matrix every rank's final weights must match row by row."""
+    x, y = load_digits()
+    model = make_mlp(hidden, seed)
+    rows = flat_params(model).repeat(n_workers, 1)
+    for step in range(steps):
+        for w in range(n_workers):
+            set_flat_params(model, rows[w].clone())
+            xb, yb = worker_batch(x, y, w, n_workers, batch_size, step, seed)
+            model.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            rows[w] -= lr * flat_grads(model)
+        rows = (mixing_matrix(topology, n_workers, step) @ rows.double()).float()
+    return rows

@@ -1,0 +1,162 @@
+"""Local SGD and DiLoCo: H steps alone, then one average (notebook 11).
+
+Local SGD (Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019): every rank takes H plain SGD steps
+on its own shard, then the models are averaged with one all-reduce: 1/H of data parallel's messages. With H = 1 it
+is data-parallel SGD (averaging the models after one step from equal weights = averaging the gradients).
+DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models", arXiv:2311.08105,
+2023, Algorithm 1): the inner steps use AdamW, and instead of taking the average the ranks treat
+delta = anchor - average (the "pseudo-gradient": how far H inner steps moved the shared weights) as a gradient for an
+outer SGD with Nesterov momentum (learning rate 0.7, momentum 0.9 in the paper's experiments, as reproduced by
+OpenDiLoCo, Jaghouar et al., arXiv:2407.07852, 2024). Optimizers are written by hand, as in adam.py: torch.optim's
+first step costs about a second in every fresh rank process on a small CPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import device
+from ..collectives import ring_all_reduce
+from ..measure.netem import emulate
+from ..measure.traffic import Meter, metered
+from .adam import adam_step
+from .data import load_digits, worker_batch
+from .gossip import evaluate
+from .model import flat_params, make_mlp, set_flat_params
+from .straggler import Straggler
+
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9        # DiLoCo's outer Nesterov SGD
+INNER_LR, WEIGHT_DECAY = 1e-3, 0.01        # AdamW for the inner steps (torch.optim.AdamW's default decay)
+
+
+def nesterov_(anchor: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float = OUTER_LR,
+              mu: float = OUTER_MOMENTUM) -> None:
+    """One SGD step with Nesterov momentum in place, as torch.optim.SGD(momentum=mu, nesterov=True) computes it:
+    buf <- mu buf + grad; anchor <- anchor - lr (grad + mu buf)."""
+    buf.mul_(mu).add_(grad)
+    anchor.sub_(lr * (grad + mu * buf))
+
+
+def adamw_(w, g, m, v, t: int, lr: float = INNER_LR, weight_decay: float = WEIGHT_DECAY) -> None:
+    """AdamW (Loshchilov & Hutter, ICLR 2019): decay the weights by lr*wd, then the Adam step (torch's order)."""
+    w.mul_(1 - lr * weight_decay)
+    adam_step(w, g, m, v, t, lr)
+
+
+def diloco_outer_step(flat: torch.Tensor, anchor: torch.Tensor, buf: torch.Tensor, all_reduce=ring_all_reduce,
+                      lr: float = OUTER_LR, mu: float = OUTER_MOMENTUM) -> None:
+    """DiLoCo's outer step on every rank: average the pseudo-gradients anchor - flat with ONE all-reduce, take a
+    Nesterov step on the anchor, and start the next H inner steps from it (flat <- anchor)."""
+    delta = anchor - flat
+    all_reduce(delta)
+    delta /= dist.get_world_size()
+    nesterov_(anchor, delta, buf, lr, mu)
+    flat.copy_(anchor)
+
+
+def _all_reduce(name: str):
+    if name not in ("ring", "torch"):
+        raise ValueError(f"all_reduce must be 'ring' (the course's, point-to-point: counted and emulated) or "
+                         f"'torch', got {name!r}")
+    return ring_all_reduce if name == "ring" else dist.all_reduce
+
+
+def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
+                    seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, link=None,
+                    all_reduce: str = "ring", straggler=None, eval_every: int = 0, outer_step=None) -> dict:
+    """Run on every rank: local SGD (outer=None: H SGD steps, then average the models) or DiLoCo
+    (outer="nesterov": H AdamW steps, then diloco_outer_step). A sync happens after steps H, 2H, ...
+
+    eval_every > 0: at each sync whose step is a multiple of it, record (step, bytes sent so far, training seconds
+    so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `straggler`: (rank,
+    factor[, compute_s]) for straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
+    (exercise 11.3). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
+    compute seconds, and those evaluations.
+    """
+    if H < 1 or outer not in (None, "nesterov"):
+        raise ValueError(f"need H >= 1 and outer None (local SGD) or 'nesterov' (DiLoCo); got H={H}, outer={outer!r}")
+    reduce = _all_reduce(all_reduce)
+    rank, p = dist.get_rank(), dist.get_world_size()
+    model = make_mlp(hidden, seed).to(device())
+    slow = Straggler(model, *(straggler or (-1, 1.0)))
+    params = list(model.parameters())
+    m, v = [torch.zeros_like(q) for q in params], [torch.zeros_like(q) for q in params]
+    anchor = flat_params(model)
+    buf = torch.zeros_like(anchor)
+    x, y = load_digits()
+    meter = Meter()
+    losses, step_s, evals, trained = [], [], [], 0.0
+    with emulate(link), metered(meter):
+        for step in range(steps):
+            t = time.perf_counter()
+            xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
+            model.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb.to(device())), yb.to(device()))
+            loss.backward()
+            with torch.no_grad():
+                for q, mq, vq in zip(params, m, v):
+                    if outer is None:
+                        q -= lr * q.grad
+                    else:
+                        adamw_(q, q.grad, mq, vq, step + 1, inner_lr)
+            if (step + 1) % H == 0:
+                flat = flat_params(model)
+                if outer is None:
+                    reduce(flat)                          # the average of the models, every H steps
+                    flat /= p
+                elif outer_step is not None:
+                    outer_step(flat, anchor, buf)
+                else:
+                    diloco_outer_step(flat, anchor, buf, reduce)
+                set_flat_params(model, flat)
+            meter.step()
+            step_s.append(time.perf_counter() - t)
+            trained += step_s[-1]
+            losses.append(loss.item())
+            if eval_every and (step + 1) % H == 0 and (step + 1) % eval_every == 0:
+                evals.append((step + 1, meter.sent, trained, *evaluate(model)))
+    final_loss, acc = evaluate(model)
+    return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
+            "compute_s": slow.compute_s, "evals": evals, "final_loss": final_loss, "accuracy": acc,
+            "model_bytes": anchor.numel() * anchor.element_size()}
+
+
+def simulate(n_workers: int, H: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
+             seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, outer_step=None) -> torch.Tensor:
+    """One process playing all n workers in turn (each with its own model and AdamW state, its own shard): the
+    weights local SGD or DiLoCo must end with, without any communication. `outer_step(flats, anchor, buf)` may
+    replace the outer update (checkers use it to reproduce a wrong variant); returns the final flat parameters."""
+    x, y = load_digits()
+    models = [make_mlp(hidden, seed) for _ in range(n_workers)]
+    states = [([torch.zeros_like(q) for q in mdl.parameters()], [torch.zeros_like(q) for q in mdl.parameters()])
+              for mdl in models]
+    anchor = flat_params(models[0])
+    buf = torch.zeros_like(anchor)
+    for step in range(steps):
+        for w, (mdl, (m, v)) in enumerate(zip(models, states)):
+            xb, yb = worker_batch(x, y, w, n_workers, batch_size, step, seed)
+            mdl.zero_grad()
+            nn.functional.cross_entropy(mdl(xb), yb).backward()
+            with torch.no_grad():
+                for q, mq, vq in zip(mdl.parameters(), m, v):
+                    if outer is None:
+                        q -= lr * q.grad
+                    else:
+                        adamw_(q, q.grad, mq, vq, step + 1, inner_lr)
+        if (step + 1) % H == 0:
+            flats = [flat_params(mdl) for mdl in models]
+            if outer is None:
+                new = torch.stack(flats).sum(0) / n_workers
+            elif outer_step is not None:
+                new = outer_step(flats, anchor, buf)
+            else:
+                nesterov_(anchor, anchor - torch.stack(flats).sum(0) / n_workers, buf)
+                new = anchor.clone()
+            for mdl in models:
+                set_flat_params(mdl, new.clone())   # a copy each: the parameters become views of what is set
+    return flat_params(models[0])
+
