@@ -15,7 +15,8 @@ def _size_axis(ax) -> None:
     ax.set_xscale("log", base=2)
     lo, hi = ax.get_xlim()
     ticks = [(t, name) for t, name in ((4 * _KiB, "4K"), (64 * _KiB, "64K"), (_MiB, "1M"), (16 * _MiB, "16M"),
-                                       (256 * _MiB, "256M"), (4096 * _MiB, "4G")) if lo <= t <= hi]
+                                       (256 * _MiB, "256M"), (4096 * _MiB, "4G"), (65536 * _MiB, "64G"))
+             if lo <= t <= hi]
     ax.set_xticks([t for t, _ in ticks], [name for _, name in ticks])
     ax.set_xlabel("message size S (bytes)")
 
@@ -73,5 +74,44 @@ def plot_sweep(rows: list[dict], ceilings: dict | None = None, fit: dict | None 
         p = fit["ranks"]
         plot_fit([r["size_bytes"] for r in ar], [r["time_us"] / 1e6 for r in ar], fit["alpha"], fit["beta"],
                  lambda s, a, b: cm.ring_allreduce(p, s, a, b), ax=axes[0][1])
+    fig.tight_layout()
+    return fig
+
+
+def plot_piecewise_fit(sizes, seconds, line: tuple[float, float], pieces: list[dict], title: str = "",
+                       tol: float = 0.25):
+    """Left: measured times, one alpha + beta S line over all sizes (dashed) and one line per piece (solid).
+    Right: each fit's relative error at every size, with the +-tol band. Pieces as course_lib.costmodel.fit_pieces."""
+    from course_lib import costmodel as cm
+
+    a, b = line
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    left.loglog(sizes, [t * 1e6 for t in seconds], "o", ms=4, color="k", label="published")
+    fine = [sizes[0] * (sizes[-1] / sizes[0]) ** (i / 199) for i in range(200)]
+    left.loglog(fine, [(a + b * s) * 1e6 for s in fine], "--", color="grey",
+                label=f"one line: {a * 1e6:.0f} us + S / {1 / b / 1e9:.0f} GB/s")
+    for k, pc in enumerate(pieces):
+        xs = [s for s in fine if pc["lo"] <= s <= pc["hi"]]
+        left.loglog(xs, [(pc["alpha"] + pc["beta"] * s) * 1e6 for s in xs], "-", lw=2, color=f"C{k}",
+                    label=f"piece {k + 1}: {pc['alpha'] * 1e6:.0f} us + S / {1 / pc['beta'] / 1e9:.0f} GB/s")
+    for pc in pieces[1:]:
+        for ax in (left, right):
+            ax.axvline(pc["lo"], color="k", lw=0.8, ls=":")
+    _size_axis(left)
+    left.set_ylabel("time per call (us)")
+    left.set_title(title or "alpha + beta S fitted to a published sweep", fontsize=9)
+    left.legend(fontsize=7)
+    left.grid(alpha=0.3, which="both")
+    right.axhspan(-100 * tol, 100 * tol, color="tab:green", alpha=0.1, label=f"within {tol:.0%}")
+    right.semilogx(sizes, [100 * (a + b * s - t) / t for s, t in zip(sizes, seconds)], "o--", ms=3, color="grey",
+                   label="one line")
+    right.semilogx(sizes, [100 * (cm.predict_pieces(pieces, s) - t) / t for s, t in zip(sizes, seconds)], "o-",
+                   ms=3, color="C0", label=f"{len(pieces)} pieces")
+    right.axhline(0, color="k", lw=0.6)
+    _size_axis(right)
+    right.set_ylabel("prediction error (%)")
+    right.set_title("model minus measurement, relative", fontsize=9)
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig
