@@ -1,4 +1,6 @@
-"""The exercise checkers of notebooks 03-05 pass a correct solution and name the case and rank of a wrong one."""
+"""The exercise checkers of notebooks 03-05 pass a correct solution and reject wrong ones with a message that says
+why: a wrong value (case and rank named), a collective the exercise switches off (however it was reached), the
+course's own answer, a group only some ranks created, traffic that is not the algorithm's."""
 
 import re
 
@@ -31,6 +33,29 @@ def bcast_from_zero(t, src):  # the classic slip: ignores src
     return good_broadcast(t, 0)
 
 
+def bcast_with_torch(t, src):  # the shortcut the exercise forbids
+    dist.broadcast(t, src)
+    return t
+
+
+def bcast_through_the_group_object(t, src):  # the same shortcut, past the Python name
+    dist.group.WORLD.broadcast(t, src).wait()
+    return t
+
+
+def bcast_caught(t, src):  # catches the refusal and goes on with send/recv
+    try:
+        dist.broadcast(t, src)
+    except Exception:
+        pass
+    return good_broadcast(t, src)
+
+
+def bcast_twice(t, src):  # right values, but every rank receives the tensor twice
+    good_broadcast(t, src)
+    return good_broadcast(t, src)
+
+
 def good_all_gather(t):
     rank, world = dist.get_rank(), dist.get_world_size()
     out = [torch.empty_like(t) for _ in range(world)]
@@ -46,6 +71,12 @@ def gather_without_self(t):
     out = good_all_gather(t)
     out[dist.get_rank()] = torch.zeros_like(t)
     return out
+
+
+def gather_from_the_course(t):
+    from course_lib.collectives import ring_all_gather
+
+    return ring_all_gather(t)
 
 
 def ring_ordered(t):
@@ -68,6 +99,12 @@ def ring_deadlock(t):
     return got
 
 
+def ring_by_all_gather(t):  # no deadlock, no point-to-point either
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return out[(dist.get_rank() - 1) % dist.get_world_size()]
+
+
 def odd_good(t):
     odd = dist.new_group(list(range(1, dist.get_world_size(), 2)))
     if dist.get_rank() % 2:
@@ -77,6 +114,21 @@ def odd_good(t):
 
 def odd_everyone(t):  # reduces over the whole world instead of the group
     dist.all_reduce(t)
+    return t
+
+
+def odd_only_members_create(t):  # torch 2.13's new_group does not synchronise: this "works" until the next one
+    if dist.get_rank() % 2:
+        odd = dist.new_group(list(range(1, dist.get_world_size(), 2)))
+        dist.all_reduce(t, group=odd)
+    return t
+
+
+def odd_masked_world(t):  # right values without a group: zeros from the even ranks, over the whole world
+    x = t.clone() if dist.get_rank() % 2 else torch.zeros_like(t)
+    dist.all_reduce(x)
+    if dist.get_rank() % 2:
+        t.copy_(x)
     return t
 
 
@@ -99,46 +151,110 @@ def rs_ag_no_pad_cut(t):  # forgets to cut the padding off
     return padded
 
 
-def test_broadcast_passes_and_names_rank(capsys):
+def all_reduce_by_functional(t):  # the forbidden collective through torch.distributed._functional_collectives
+    import torch.distributed._functional_collectives as fc
+
+    return fc.all_reduce(t, "sum", dist.group.WORLD)
+
+
+def all_reduce_by_c10d_module(t):  # ... and through the module the Python names come from
+    dist.distributed_c10d.all_reduce(t)
+    return t
+
+
+def test_broadcast_passes_and_wrong_ones_are_named(capsys):
     check_broadcast(good_broadcast, worlds=(2, 3))
-    assert "passed" in capsys.readouterr().out  # core prints the pass line
-    with pytest.raises(ExerciseFailed, match=r"world_size=2, size=1, dtype=float32 on rank 0") as e:
-        check_broadcast(bcast_from_zero, worlds=(2, 3))
+    assert "✓ Exercise 4.2 passed" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match=r"world_size=2, size=1, dtype=float32, rank 0.s tensor itself") as e:
+        check_broadcast(bcast_from_zero, worlds=(2,))
     assert "expected" in str(e.value) and "Hint" in str(e.value)
+
+
+def test_broadcast_forbids_dist_broadcast_however_reached():
+    with pytest.raises(ExerciseFailed) as e:
+        check_broadcast(bcast_with_torch, worlds=(2,))
+    assert str(e.value).startswith("Exercise 4.2 is about building broadcast from send/recv; dist.broadcast is "
+                                   "switched off here.")
+    with pytest.raises(ExerciseFailed, match=re.escape("broadcast (reached as torch.ops.c10d.broadcast_) is "
+                                                       "switched off here")):
+        check_broadcast(bcast_through_the_group_object, worlds=(2,))
+    with pytest.raises(ExerciseFailed, match=r"dist\.broadcast is switched off here\. \(your code caught the error"):
+        check_broadcast(bcast_caught, worlds=(2,))
+
+
+def test_broadcast_traffic_is_counted():
+    with pytest.raises(ExerciseFailed, match=r"rank 0 received 8 bytes in 2 message\(s\); in a broadcast from rank 1 "
+                                             r"every other rank receives the tensor \(4 bytes\) exactly once"):
+        check_broadcast(bcast_twice, worlds=(2,))
 
 
 def test_all_gather_passes_and_fails(capsys):
     check_all_gather(good_all_gather, worlds=(2, 4))
-    assert "passed" in capsys.readouterr().out  # core prints the pass line
+    assert "✓ Exercise 4.3 passed" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match=r"on rank 0"):
         check_all_gather(gather_without_self, worlds=(2,))
+    with pytest.raises(ExerciseFailed, match=re.escape("Exercise 4.3 is about building all-gather from send/recv; "
+                                                       "the course's own collectives.ring.ring_all_gather (it holds "
+                                                       "the answer) is switched off here.")):
+        check_all_gather(gather_from_the_course, worlds=(2,))
 
 
 def test_deadlock_is_caught_fast_and_fix_passes(capsys):
     check_ring_exchange(ring_ordered, worlds=(2, 3))
-    assert "passed" in capsys.readouterr().out  # core prints the pass line
-    with pytest.raises(ExerciseFailed, match=r"world_size=2, size=1") as e:
-        check_ring_exchange(ring_deadlock, worlds=(2,))
-    assert re.search(r"Timed out|did not finish", str(e.value)) and "isend" in str(e.value)
+    assert "✓ Exercise 4.1 passed" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match=r"did not finish in time \(a deadlock\?\) with world_size=2, size=1") as e:
+        check_ring_exchange(ring_deadlock, worlds=(2,), timeout=3)
+    assert "isend" in str(e.value)  # the hint
+    with pytest.raises(ExerciseFailed, match=r"dist\.all_gather is switched off here"):
+        check_ring_exchange(ring_by_all_gather, worlds=(2,))
 
 
 def test_odd_group(capsys):
     check_odd_group_all_reduce(odd_good, worlds=(2, 3, 4))
-    assert "passed" in capsys.readouterr().out  # core prints the pass line
+    assert "✓ Exercise 3.1 passed" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match=r"on rank 0"):
         check_odd_group_all_reduce(odd_everyone, worlds=(3,))
 
 
+def test_odd_group_created_by_only_some_ranks_is_caught():
+    with pytest.raises(ExerciseFailed) as e:
+        check_odd_group_all_reduce(odd_only_members_create, worlds=(3,))
+    text = str(e.value)
+    assert "ranks [0, 2] created fewer process groups than ranks [1]" in text
+    assert "dist.new_group must be called by EVERY rank of the world" in text
+
+
+def test_odd_group_must_be_a_group():
+    with pytest.raises(ExerciseFailed, match=r"rank 0 ran \[\('all_reduce', 3\)\] \(collective, ranks in its group\); "
+                                             r"an even rank is not in the group"):
+        check_odd_group_all_reduce(odd_masked_world, worlds=(3,))
+
+
 def test_all_reduce_from_rs_ag_handles_uneven_sizes(capsys):
     check_all_reduce(rs_ag_all_reduce, worlds=(2, 3))
-    assert "passed" in capsys.readouterr().out  # core prints the pass line
+    assert "✓ Exercise 5.2 passed" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match=r"size=1"):
         check_all_reduce(rs_ag_no_pad_cut, worlds=(2,))
+    with pytest.raises(ExerciseFailed, match=re.escape("Exercise 5.2 is about building all-reduce from "
+                                                       "reduce-scatter and all-gather; all_reduce (reached as "
+                                                       "torch.ops._c10d_functional.all_reduce) is switched off")):
+        check_all_reduce(all_reduce_by_functional, worlds=(2,))
+    with pytest.raises(ExerciseFailed, match=r"dist\.all_reduce is switched off here"):
+        check_all_reduce(all_reduce_by_c10d_module, worlds=(2,))
 
 
 def test_reduce_scatter_prediction(capsys):
     inputs = [[1, 2, 3, 4], [10, 20, 30, 40]]
-    check_reduce_scatter_prediction(inputs, [[11, 22], [33, 44]])
-    assert "passed" in capsys.readouterr().out  # core prints the pass line
+    check_reduce_scatter_prediction(inputs, lambda: [[11, 22], [33, 44]])
+    assert "✓ Exercise 5.1 passed" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match=r"rank 0 really holds \[11.0, 22.0\]|rank 0 really holds \[11, 22\]"):
-        check_reduce_scatter_prediction(inputs, [[11, 22, 33, 44], [11, 22, 33, 44]])
+        check_reduce_scatter_prediction(inputs, lambda: [[11, 22, 33, 44], [11, 22, 33, 44]])
+
+    def run_it():  # not a prediction: launching ranks is switched off inside it
+        from course_lib import run
+
+        return run(lambda: None, 2).values
+
+    with pytest.raises(ExerciseFailed, match=r"Exercise 5\.1 is about predicting a reduce-scatter before running "
+                                             r"it; the course's own launch\.run \(it holds the answer\) is switched"):
+        check_reduce_scatter_prediction(inputs, run_it)

@@ -1,21 +1,29 @@
-"""Checker for the ring all-reduce exercise of notebooks/06_build_your_own_collectives.ipynb.
+"""Checkers for the exercises of notebooks/06_build_your_own_collectives.ipynb: the ring all-reduce and its bytes.
 
-Runs the learner's function on real ranks against torch's own dist.all_reduce (course_lib.checks.core), on world
-sizes 1-5, tensor sizes smaller than, equal to and not divisible by the world size, and integer and float dtypes.
+6.1 runs the learner's ring on world sizes 1-5, tensor sizes smaller than, equal to and not divisible by the world
+size, integer and float dtypes, against torch's own dist.all_reduce (core.check_collective), with every
+collective switched off, and checks the ring's method from the messages every rank sent: in place, only to the
+right neighbour, 2(p-1) messages of at most ceil(n/p) elements, 2(p-1)/p·n bytes per rank in 2(p-1) rounds
+(Patarasuk & Yuan 2009). A star, a tree or recursive doubling gives the right sum and fails here.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .core import check_collective
+from .core import ExerciseFailed, check_collective, launch_checked, passed, with_hint
+from .primitives import COURSE_COLLECTIVES
+from .traffic import rounds, summary
 
 RING_HINT = (
     "Split the flattened tensor into p chunks with torch.tensor_split (sizes may differ by one; some may be empty). "
     "Reduce-scatter: p-1 steps, at step s send chunk (rank - s) % p to rank+1 and add what rank-1 sends into chunk "
     "(rank - s - 1) % p. All-gather: p-1 more steps passing the finished chunks on, copying instead of adding. "
     "Post the send and the receive together (dist.isend + dist.irecv, then wait both) or the ring deadlocks, "
-    "receive into a separate buffer before adding, and skip empty chunks on both sides."
+    "receive into a separate buffer before adding, skip empty chunks on both sides, and work on a view of t "
+    "(t.view(-1)) so the sum lands in t itself."
 )
 
 
@@ -34,16 +42,67 @@ def _torch_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _returns_tensor(learner):
-    """The learner's function may return the tensor or work in place and return None: compare the tensor."""
-    def run_it(x):
-        out = learner(x)
-        return x if out is None else out
-    return run_it
+def ring_traffic(case, records) -> str | None:
+    """None if every rank's messages are a ring all-reduce's, else what was measured and what a ring sends."""
+    p, n = case.world, case.size
+    el = torch.empty(0, dtype=case.dtype).element_size()
+    stats = {rec["rank"]: summary(rec) for rec in records}
+    measured = "; ".join(f"rank {r}: {s['bytes_sent']} B in {s['messages_sent']} messages to {s['sent_to']}"
+                         for r, s in sorted(stats.items()))
+    ring = (f"a ring sends each rank's 2(p-1)/p·n = {2 * (p - 1) * n * el / p:g} bytes in 2(p-1) = {2 * (p - 1)} "
+            f"messages of at most ceil(n/p) = {math.ceil(n / p)} elements, only to its right neighbour, in "
+            f"{2 * (p - 1)} rounds")
+    if p == 1:
+        return None if all(s["messages_sent"] == 0 for s in stats.values()) else (
+            f"one rank has nobody to talk to, yet it sent messages ({measured}).")
+    for r, s in stats.items():
+        if s["sent_to"] not in ([], [(r + 1) % p]) or s["recv_from"] not in ([], [(r - 1) % p]):
+            return (f"rank {r} sent to ranks {s['sent_to']} and received from {s['recv_from']}: {ring}. "
+                    f"Measured: {measured}.")
+        if s["largest_message"] > math.ceil(n / p) * el or s["messages_sent"] > 2 * (p - 1):
+            return f"{ring}. Measured: {measured} (largest message {s['largest_message']} B on rank {r})."
+    total = sum(s["bytes_sent"] for s in stats.values())
+    if total != 2 * (p - 1) * n * el:
+        return (f"all ranks together sent {total} bytes; in a ring every chunk crosses p-1 links in each phase, "
+                f"2(p-1)·n = {2 * (p - 1) * n * el} bytes in all: {ring}. Measured: {measured}.")
+    depth = rounds(records)
+    if n >= p and n % p == 0 and depth != 2 * (p - 1):
+        return f"the messages formed {depth} rounds (chains of a message waiting for the one before); {ring}."
+    return None
 
 
 def check_ring_all_reduce(learner, world_sizes=(1, 2, 3, 4, 5), sizes=(1, 4, 7, 12),
-                          dtypes=(torch.float32, torch.int64)) -> str:
-    """Exercise 6.1: `learner(tensor)` must leave (or return) the sum over ranks, like dist.all_reduce."""
-    return check_collective("Exercise 6.1 (ring all-reduce)", _returns_tensor(learner), _torch_all_reduce,
-                            _make_input, world_sizes=world_sizes, sizes=sizes, dtypes=dtypes, hint=RING_HINT)
+                          dtypes=(torch.float32, torch.int64), exercise: str = "Exercise 6.1") -> str:
+    """`learner(tensor)` must leave the sum over ranks in `tensor` (in place), like dist.all_reduce, as a ring."""
+    return check_collective(exercise, learner, _torch_all_reduce, _make_input, world_sizes=world_sizes, sizes=sizes,
+                            dtypes=dtypes, hint=RING_HINT, forbid="all", why="building all_reduce from send/recv",
+                            library=COURSE_COLLECTIVES, traffic=ring_traffic, in_place=True)
+
+
+def _ring_bytes_sent(n):
+    from course_lib.collectives import Traffic, ring_all_reduce
+    from course_lib.devices import device
+
+    traffic = Traffic()
+    ring_all_reduce(torch.ones(n, device=device()), traffic=traffic)
+    return traffic.bytes_sent
+
+
+def check_ring_bytes_prediction(predicted_bytes_rank1, exercise: str = "Exercise 6.2") -> str:
+    """`predicted_bytes_rank1()`: bytes rank 1 sends in the course's ring_all_reduce of 10 float32 on 4 ranks,
+    predicted without running it (launching ranks is off); compared with the bytes counted on a real run."""
+    from .switch_off import SwitchedOff, switched_off
+
+    hint = ("rank r sends every chunk but one in each phase: it skips chunk r in reduce-scatter (it receives that "
+            "one last) and chunk r+1 in all-gather (it starts with that one complete); 4 bytes per float32.")
+    try:
+        with switched_off(exercise, why="predicting a ring's bytes before running it",
+                          library=("course_lib.launch.run", *COURSE_COLLECTIVES)):
+            guess = predicted_bytes_rank1()
+    except SwitchedOff as exc:
+        raise ExerciseFailed(with_hint(str(exc), hint)) from None
+    measured = launch_checked(exercise, _ring_bytes_sent, 4, args=(10,), hint=hint)[1]
+    if guess != measured:
+        raise ExerciseFailed(with_hint(f"{exercise}: you predicted {guess} bytes; rank 1 really sent {measured}.",
+                                       hint))
+    return passed(exercise, f"rank 1 sends {measured} bytes, as you predicted.")

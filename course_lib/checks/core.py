@@ -1,13 +1,16 @@
 """The checking machinery every exercise uses: run the learner's function and the reference on the same real ranks.
 
-Each case (world size, tensor size, dtype) is one launch; on every rank the learner's function and the reference
-get identical inputs, and the kernel compares what both returned. A difference raises ExerciseFailed with the
-case, the rank, what was expected and what came back, and a hint.
+One launch per world size runs every case (tensor size, dtype) in turn: on every rank the reference (torch's own
+op) first, then the learner's function on an identical input while switch_off.py keeps the forbidden collectives
+off and traffic.py records every message. The kernel then compares results, the input tensor itself when the
+exercise works in place, and the traffic, and raises ExerciseFailed naming the case, the rank, what was expected,
+what came back and a hint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +22,20 @@ class ExerciseFailed(AssertionError):
     """The learner's function gave a wrong answer (or failed) on some case; the message says which and why."""
 
 
+class CaseFailed(RuntimeError):
+    """The learner's function raised on a rank; the message names the case."""
+
+
+@dataclass(frozen=True)
+class Case:
+    world: int
+    size: int
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return f"world_size={self.world}, size={self.size}, dtype={str(self.dtype).replace('torch.', '')}"
+
+
 def _fmt(t) -> str:
     if isinstance(t, torch.Tensor):
         return f"{t.tolist()} ({str(t.dtype).replace('torch.', '')}, shape {tuple(t.shape)})"
@@ -27,23 +44,95 @@ def _fmt(t) -> str:
 
 def _same(a, b) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        close = torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
-        return a.shape == b.shape and a.dtype == b.dtype and close
+        # float32 sums of the few values a check uses differ only by summation order: 1e-5 relative covers it
+        close = a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+        return a.dtype == b.dtype and close
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
 
 
-def _both(learner, reference, make_input, size, dtype):
-    """Runs on every rank: the reference first (it must not be disturbed by a learner's bug), then the learner's."""
+def with_hint(text: str, hint: str) -> str:
+    return text + (f"\nHint: {hint}" if hint else "")
+
+
+def passed(exercise: str, what: str) -> str:
+    """The one pass line every checker prints."""
+    line = f"✓ {exercise} passed: {what}"
+    print(line)
+    return line
+
+
+def explain(exercise: str, exc: RankFailed, what: str, hint: str) -> Exception:
+    """The exception a checker raises for a failed launch: the student copy's NotImplementedError stays itself,
+    a switched-off call says so, anything else names what was being checked."""
+    f = exc.failure
+    if f.etype == "NotImplementedError":     # a student copy: the exercise is not done yet
+        return NotImplementedError(f"{exercise}: {f.message}")
+    if f.etype == "SwitchedOff":
+        return ExerciseFailed(with_hint(f"{f.message} (rank {f.rank}, {what})", hint))
+    if isinstance(exc, RankTimeout):
+        return ExerciseFailed(with_hint(f"{exercise}: your function did not finish in time (a deadlock?) with "
+                                        f"{what}.\n\n{exc}", hint))
+    return ExerciseFailed(with_hint(f"{exercise}: your function failed with {what}.\n\n{exc}", hint))
+
+
+def launch_checked(exercise: str, fn, world: int, args=(), kwargs=None, hint: str = "", timeout: float = 30.0,
+                   what: str = "", backend: str = "auto") -> list:
+    """run(fn) on ``world`` ranks for a checker: the values, or the failure explained (see explain)."""
+    try:
+        return run(fn, world, args=args, kwargs=kwargs, backend=backend, timeout=timeout, output="none").values
+    except RankFailed as exc:
+        raise explain(exercise, exc, what or f"{world} ranks", hint) from None
+
+
+def call_learner(exercise: str, fn: Callable, *args, library=(), why: str = "", hint: str = ""):
+    """In this process: ``fn(*args)`` with the library answers in ``library`` switched off (SwitchedOff becomes
+    ExerciseFailed with the hint; the student copy's NotImplementedError passes through)."""
+    from .switch_off import SwitchedOff, switched_off
+
+    try:
+        with switched_off(exercise, why=why, library=library):
+            return fn(*args)
+    except SwitchedOff as exc:
+        raise ExerciseFailed(with_hint(str(exc), hint)) from None
+
+
+def watched_call(exercise: str, learner: Callable, args=(), forbid=(), why: str = "", library=()):
+    """On a rank: ``learner(*args)`` with the forbidden collectives and library answers off and every message
+    recorded; returns (what it returned, this rank's traffic record). Re-raises as CaseFailed with the case
+    prepended when the learner's code raises (NotImplementedError and SwitchedOff pass through unchanged)."""
+    from .switch_off import switched_off
+    from .traffic import Watch
+
+    with switched_off(exercise, forbid, why, library), Watch() as log:
+        got = learner(*args)
+    return got, log.record()
+
+
+def _cases(exercise, learner, reference, make_input, cases, forbid, why, library):
+    """Runs on every rank: each case in turn, the reference first (a learner's bug must not disturb it)."""
     import torch.distributed as dist
 
     from course_lib.devices import device
 
+    from .switch_off import SwitchedOff
+
     rank, world = dist.get_rank(), dist.get_world_size()
-    want = reference(make_input(rank, world, size, dtype).to(device()))
-    got = learner(make_input(rank, world, size, dtype).to(device()))
-    return want, got
+    out = []
+    for case in cases:
+        print(f"checking {case}", flush=True)     # the last line a rank printed names the case if it hangs
+        want = reference(make_input(rank, world, case.size, case.dtype).to(device()))
+        x = make_input(rank, world, case.size, case.dtype).to(device())
+        try:
+            got, record = watched_call(exercise, learner, (x,), forbid, why, library)
+        except (NotImplementedError, SwitchedOff):
+            raise
+        except Exception as exc:
+            raise CaseFailed(f"with {case}: {type(exc).__name__}: {exc}").with_traceback(exc.__traceback__) from None
+        dist.barrier()        # the next case starts when every rank is done with this one
+        out.append((want, got, x, record))
+    return out
 
 
 def check_collective(
@@ -57,34 +146,54 @@ def check_collective(
     hint: str = "",
     timeout: float = 30.0,
     backend: str = "auto",
-) -> None:
-    """Compare ``learner(x)`` with ``reference(x)`` on real ranks for every case; print a pass line.
+    forbid=(),
+    why: str = "",
+    library=(),
+    traffic: Callable | None = None,
+    in_place: bool = False,
+) -> str:
+    """Compare ``learner(x)`` with ``reference(x)`` on real ranks for every case; print and return a pass line.
 
     ``make_input(rank, world_size, size, dtype)`` builds each rank's input; both functions return what the rank
-    holds afterwards (a tensor or a list of tensors). Raises ExerciseFailed on the first differing case.
+    holds afterwards (a tensor or a list of tensors). ``forbid`` names collectives switched off while the learner
+    runs ('all', 'all_reduce', 'send_recv', ...: c10d_names.COLLECTIVES), ``why`` completes "<exercise> is about
+    ...", ``library`` lists library functions (dotted paths) switched off. ``in_place``: the input tensor itself
+    must hold the result. ``traffic(case, records)`` gets every rank's traffic record (traffic.py) and returns a
+    message when the method is wrong. Raises ExerciseFailed on the first wrong case. One launch per world size.
     """
     world_sizes, sizes, dtypes = list(world_sizes), list(sizes), list(dtypes)
-    cases = 0
+    count = 0
     for world in world_sizes:
-        for size in sizes:
-            for dtype in dtypes:
-                case = f"world_size={world}, size={size}, dtype={str(dtype).replace('torch.', '')}"
-                try:
-                    res = run(_both, world, args=(learner, reference, make_input, size, dtype), backend=backend,
-                              timeout=timeout, output="none")
-                except RankFailed as exc:
-                    if exc.failure.etype == "NotImplementedError":  # a student copy: the exercise is not done yet
-                        raise NotImplementedError(f"{exercise}: {exc.failure.message}") from None
-                    what = "did not finish in time (a deadlock?)" if isinstance(exc, RankTimeout) else "failed"
-                    why = f"{exercise}: your function {what} with {case}.\n\n{exc}"
-                    raise ExerciseFailed(why + (f"\n\nHint: {hint}" if hint else "")) from None
-                for rank, (want, got) in enumerate(res.values):
-                    if not _same(want, got):
-                        raise ExerciseFailed(
-                            f"{exercise}: wrong result with {case} on rank {rank}.\n"
-                            f"  expected: {_fmt(want)}\n  got:      {_fmt(got)}" + (f"\nHint: {hint}" if hint else "")
-                        )
-                cases += 1
-    line = (f"✓ {exercise} passed: {cases} cases (world sizes {world_sizes}, sizes {sizes}, "
-            f"dtypes {[str(d).replace('torch.', '') for d in dtypes]}), every rank matched torch's own result.")
-    print(line)
+        cases = [Case(world, size, dtype) for size in sizes for dtype in dtypes]
+        what = f"{world} ranks"
+        try:
+            res = run(_cases, world, args=(exercise, learner, reference, make_input, cases, forbid, why, library),
+                      backend=backend, timeout=timeout, output="none")
+        except RankFailed as exc:
+            if exc.failure.etype == "CaseFailed":
+                case = exc.failure.message.split(":", 1)[0].removeprefix("with ")
+                how = ("did not finish in time (a deadlock?)" if "Timed out" in exc.failure.message
+                       else "failed")
+                raise ExerciseFailed(with_hint(f"{exercise}: your function {how} with {case}.\n\n{exc}",
+                                               hint)) from None
+            raise explain(exercise, exc, what, hint) from None
+        for i, case in enumerate(cases):
+            per_rank = [v[i] for v in res.values]
+            for rank, (want, got, x, _) in enumerate(per_rank):
+                if in_place and not _same(want, x):
+                    raise ExerciseFailed(with_hint(
+                        f"{exercise}: with {case}, rank {rank}'s tensor itself does not hold the result (it must "
+                        f"work in place, like torch's own op).\n  expected: {_fmt(want)}\n  the tensor holds: "
+                        f"{_fmt(x)}", hint))
+                if not (in_place and got is None) and not _same(want, got):
+                    raise ExerciseFailed(with_hint(f"{exercise}: wrong result with {case} on rank {rank}.\n"
+                                                   f"  expected: {_fmt(want)}\n  got:      {_fmt(got)}", hint))
+            if traffic is not None:
+                wrong = traffic(case, [r for *_, r in per_rank])
+                if wrong:
+                    raise ExerciseFailed(with_hint(f"{exercise}: with {case}: {wrong}", hint))
+            count += 1
+    off = " with the forbidden collectives switched off" if forbid else ""
+    return passed(exercise, f"{count} cases (world sizes {world_sizes}, sizes {sizes}, dtypes "
+                            f"{[str(d).replace('torch.', '') for d in dtypes]}), every rank matched torch's own "
+                            f"result{off}" + (", and the traffic matched the algorithm's" if traffic else "") + ".")

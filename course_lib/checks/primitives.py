@@ -1,8 +1,8 @@
 """Checkers for the exercises of notebooks 03-05: groups, point-to-point and collectives, run on real ranks.
 
-Each checker runs the learner's function next to torch's own op (core.check_collective) for world sizes 2-5,
-several sizes and dtypes, and prints a pass line or raises ExerciseFailed naming the case, the rank, what was
-expected and what came back.
+Each runs the learner's function next to torch's own op (core.check_collective) for world sizes 2-5, several sizes
+and dtypes, with the collectives the exercise asks them to build switched off, and checks the method from the
+traffic every rank really sent (traffic.py): who talked to whom, how many bytes, which collective on which group.
 """
 
 from __future__ import annotations
@@ -11,11 +11,16 @@ from functools import partial
 
 import torch
 
-from ..launch import run
 from ..results import RankFailed
-from .core import ExerciseFailed, _fmt, check_collective
+from .core import ExerciseFailed, _fmt, check_collective, passed, with_hint
+from .traffic import summary
 
 WORLDS = (2, 3, 4, 5)
+# The course's own collectives answer these exercises: off while the learner's function runs.
+COURSE_COLLECTIVES = tuple(f"course_lib.collectives.{m}" for m in (
+    "ring.ring_all_reduce", "ring.ring_reduce_scatter", "ring.ring_all_gather", "tree.tree_reduce",
+    "tree.tree_broadcast", "tree.tree_all_reduce", "recursive_doubling.recursive_doubling_all_reduce",
+    "star.star_all_reduce"))
 
 
 def _distinct(rank, world, size, dtype):
@@ -27,9 +32,41 @@ def _call(fn, t, **kwargs):
     return fn(t, **kwargs)
 
 
-def _checked(exercise, hint, **kw):
-    """check_collective with this module's hint (a deadlock ends at the timeout and fails the check)."""
-    return check_collective(exercise, hint=hint, **kw)
+def _nbytes(case) -> int:
+    return case.size * torch.empty(0, dtype=case.dtype).element_size()
+
+
+# ---------------------------------------------------------------- ring exchange without deadlock (notebook 04)
+def _torch_from_left(t):
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return _torch_all_gather(t)[(rank - 1) % world]
+
+
+def _one_message_right(case, records):
+    n, p = _nbytes(case), case.world
+    for rec in records:
+        r, s = rec["rank"], summary(rec)
+        want = {"messages_sent": 1, "bytes_sent": n, "sent_to": [(r + 1) % p], "recv_from": [(r - 1) % p]}
+        got = {k: s[k] for k in want}
+        if got != want:
+            return (f"rank {r} sent {s['messages_sent']} message(s), {s['bytes_sent']} bytes, to {s['sent_to']} and "
+                    f"received from {s['recv_from']}; a ring shift sends its tensor ({n} bytes) once to rank "
+                    f"{(r + 1) % p} and receives once from rank {(r - 1) % p}.")
+    return None
+
+
+def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1", worlds=WORLDS, timeout: float = 10):
+    """``ring_exchange(t)`` sends t to rank+1 and returns what came from rank-1; it must finish (``timeout`` s per
+    world size: a deadlock ends there)."""
+    return check_collective(
+        exercise, partial(_call, ring_exchange), _torch_from_left, _distinct, world_sizes=worlds,
+        sizes=(1, 7, 50_000), timeout=timeout, forbid="all", why="ordering send and recv so a ring cannot deadlock",
+        library=("course_lib.collectives.p2p.exchange",), traffic=_one_message_right,
+        hint="a blocking send on gloo waits until the peer posts the matching recv. If every rank sends first, every "
+             "rank waits. Let even ranks send first and odd ranks receive first, or start both with isend/irecv "
+             "and wait.")
 
 
 # ---------------------------------------------------------------- broadcast from send/recv (notebook 04)
@@ -46,15 +83,26 @@ def _torch_broadcast(t, src):
     return t
 
 
-def check_broadcast(my_broadcast, exercise: str = "Exercise 4.2 (broadcast from send/recv)", worlds=WORLDS):
+def _each_receives_once(case, records):
+    n, src = _nbytes(case), case.world - 1
+    for rec in records:
+        r, s = rec["rank"], summary(rec)
+        want = 0 if r == src else n
+        if s["bytes_recv"] != want:
+            return (f"rank {r} received {s['bytes_recv']} bytes in {s['messages_recv']} message(s); in a broadcast "
+                    f"from rank {src} every other rank receives the tensor ({n} bytes) exactly once and the source "
+                    "receives nothing.")
+    return None
+
+
+def check_broadcast(my_broadcast, exercise: str = "Exercise 4.2", worlds=WORLDS):
     """``my_broadcast(t, src)`` must leave src's tensor in ``t`` on every rank and return ``t`` (src: last rank)."""
-    return _checked(
-        exercise,
-        "the source (src) sends its tensor to every other rank; every other rank receives into t from src. "
-        "Use the src argument (the check uses the last rank, not 0), and return t on every rank.",
-        learner=partial(_from_last, my_broadcast), reference=partial(_from_last, _torch_broadcast),
-        make_input=_distinct, world_sizes=worlds, timeout=10,
-    )
+    return check_collective(
+        exercise, partial(_from_last, my_broadcast), partial(_from_last, _torch_broadcast), _distinct,
+        world_sizes=worlds, timeout=10, forbid="all", why="building broadcast from send/recv",
+        library=COURSE_COLLECTIVES, traffic=_each_receives_once, in_place=True,
+        hint="the source (src) sends its tensor to every other rank; every other rank receives into t from src. "
+             "Use the src argument (the check uses the last rank, not 0), and return t on every rank.")
 
 
 # ---------------------------------------------------------------- all-gather from send/recv (notebook 04)
@@ -66,34 +114,26 @@ def _torch_all_gather(t):
     return out
 
 
-def check_all_gather(my_all_gather, exercise: str = "Exercise 4.3 (all-gather from send/recv)", worlds=WORLDS):
+def _receives_every_other(case, records):
+    n, p = _nbytes(case), case.world
+    for rec in records:
+        r, s = rec["rank"], summary(rec)
+        if s["bytes_recv"] != (p - 1) * n:
+            return (f"rank {r} received {s['bytes_recv']} bytes in {s['messages_recv']} message(s); in an "
+                    f"all-gather every rank receives each of the other {p - 1} tensors once, "
+                    f"{p - 1} x {n} = {(p - 1) * n} bytes.")
+    return None
+
+
+def check_all_gather(my_all_gather, exercise: str = "Exercise 4.3", worlds=WORLDS):
     """``my_all_gather(t)`` must return a list whose entry j is rank j's tensor on every rank (as dist.all_gather)."""
-    return _checked(
-        exercise,
-        "return a list with one tensor per rank, in rank order, your own tensor included at your own index. "
-        "If it hangs, two ranks are both waiting in recv (or both in send): order the calls, or use isend/irecv.",
-        learner=partial(_call, my_all_gather), reference=_torch_all_gather, make_input=_distinct,
-        world_sizes=worlds, timeout=10,
-    )
-
-
-# ---------------------------------------------------------------- ring exchange without deadlock (notebook 04)
-def _torch_from_left(t):
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    return _torch_all_gather(t)[(rank - 1) % world]
-
-
-def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1 (fix the deadlock)", worlds=WORLDS):
-    """``ring_exchange(t)`` sends t to rank+1 and returns what came from rank-1; it must finish (5 s per case)."""
-    return _checked(
-        exercise,
-        "a blocking send on gloo waits until the peer posts the matching recv. If every rank sends first, every rank "
-        "waits. Let even ranks send first and odd ranks receive first, or start both with isend/irecv and wait.",
-        learner=partial(_call, ring_exchange), reference=_torch_from_left, make_input=_distinct,
-        world_sizes=worlds, sizes=(1, 7, 50_000), timeout=5,
-    )
+    return check_collective(
+        exercise, partial(_call, my_all_gather), _torch_all_gather, _distinct, world_sizes=worlds, timeout=10,
+        forbid="all", why="building all-gather from send/recv", library=COURSE_COLLECTIVES,
+        traffic=_receives_every_other,
+        hint="return a list with one tensor per rank, in rank order, your own tensor included at your own index. "
+             "If it hangs, two ranks are both waiting in recv (or both in send): order the calls, or use "
+             "isend/irecv.")
 
 
 # ---------------------------------------------------------------- all-reduce inside the odd ranks (notebook 03)
@@ -106,19 +146,40 @@ def _torch_odd_all_reduce(t):
     return t
 
 
-def check_odd_group_all_reduce(odd_all_reduce, exercise: str = "Exercise 3.1 (all-reduce among the odd ranks)",
-                               worlds=WORLDS):
+def _odd_group_used(case, records):
+    p = case.world
+    odd = list(range(1, p, 2))
+    counts = {rec["rank"]: rec["group_count"] for rec in records}
+    made = {rec["rank"]: rec["groups"] for rec in records}
+    if len(set(counts.values())) > 1:
+        missing = [r for r in counts if counts[r] < max(counts.values())]
+        return (f"ranks {missing} created fewer process groups than ranks "
+                f"{[r for r in counts if counts[r] == max(counts.values())]} (groups created per rank: {made}). "
+                "dist.new_group must be called by EVERY rank of the world, even by the ranks that are not in the new "
+                "group, with the same list; otherwise the ranks disagree about which group is which, and the next "
+                "new_group waits forever.")
+    for rec in records:
+        r = rec["rank"]
+        if made[r] and any(g != odd for g in made[r]):
+            return f"rank {r} created groups of ranks {made[r]}; the group of the odd ranks is {odd}."
+        calls = [(name, size) for name, _, size, _ in rec["collectives"]]
+        want = [("all_reduce", len(odd))] if r in odd else []
+        if calls != want:
+            return (f"rank {r} ran {calls or 'no collective'} (collective, ranks in its group); "
+                    + (f"an odd rank runs one all_reduce on the group of the {len(odd)} odd rank(s)."
+                       if r in odd else "an even rank is not in the group and runs no collective."))
+    return None
+
+
+def check_odd_group_all_reduce(odd_all_reduce, exercise: str = "Exercise 3.1", worlds=WORLDS):
     """``odd_all_reduce(t)`` sums t over the odd ranks only (even ranks keep theirs) and returns t, on every rank."""
-    return _checked(
-        exercise,
-        "every rank must call dist.new_group(...) with the same list of odd ranks, even the ranks not in it; "
-        "only the members then call dist.all_reduce(t, group=...). Even ranks return their tensor unchanged.",
-        # The launcher keeps every rank alive until all are done (a final barrier), so ranks outside the new
-        # group cannot exit while its members are still connecting it.
-        learner=partial(_call, odd_all_reduce), reference=_torch_odd_all_reduce,
-        make_input=_distinct,
-        world_sizes=worlds, timeout=10,
-    )
+    # The launcher keeps every rank alive until all are done (a final barrier), so ranks outside the new group
+    # cannot exit while its members are still connecting it.
+    return check_collective(
+        exercise, partial(_call, odd_all_reduce), _torch_odd_all_reduce, _distinct, world_sizes=worlds,
+        timeout=10, forbid="send_recv", why="process groups", traffic=_odd_group_used,
+        hint="every rank must call dist.new_group(...) with the same list of odd ranks, even the ranks not in it; "
+             "only the members then call dist.all_reduce(t, group=...). Even ranks return their tensor unchanged.")
 
 
 # ---------------------------------------------------------------- all-reduce = reduce-scatter + all-gather (05)
@@ -129,16 +190,26 @@ def _torch_all_reduce(t):
     return t
 
 
-def check_all_reduce(my_all_reduce, exercise: str = "Exercise 5.2 (all-reduce from reduce-scatter + all-gather)",
-                     worlds=WORLDS):
-    """``my_all_reduce(t)`` must return the sum of every rank's t, for sizes that do not divide by the world size."""
-    return _checked(
-        exercise,
-        "reduce_scatter_single and all_gather_single need a length divisible by the world size: pad t with zeros "
-        "to the next multiple, and cut the padding off the result.",
-        learner=partial(_call, my_all_reduce), reference=_torch_all_reduce, make_input=_distinct,
-        world_sizes=worlds, sizes=(1, 7, 12), timeout=10,
-    )
+def _one_rs_one_ag(case, records):
+    for rec in records:
+        calls = sorted(name for name, *_ in rec["collectives"])
+        if calls != ["all_gather_single", "reduce_scatter_single"]:
+            return (f"rank {rec['rank']} ran {calls or 'no collective'}; all-reduce = one reduce_scatter_single "
+                    "followed by one all_gather_single.")
+    return None
+
+
+def check_all_reduce(my_all_reduce, exercise: str = "Exercise 5.2", worlds=WORLDS):
+    """``my_all_reduce(t)`` must return the sum of every rank's t, for sizes that do not divide by the world size,
+    with one reduce_scatter_single and one all_gather_single (everything else switched off)."""
+    return check_collective(
+        exercise, partial(_call, my_all_reduce), _torch_all_reduce, _distinct, world_sizes=worlds,
+        sizes=(1, 7, 12), timeout=10, why="building all-reduce from reduce-scatter and all-gather",
+        forbid=("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
+                "all_to_all", "send_recv"),
+        library=COURSE_COLLECTIVES, traffic=_one_rs_one_ag,
+        hint="reduce_scatter_single and all_gather_single need a length divisible by the world size: pad t with "
+             "zeros to the next multiple, and cut the padding off the result.")
 
 
 # ---------------------------------------------------------------- predict a reduce-scatter (notebook 05)
@@ -151,12 +222,25 @@ def _real_reduce_scatter(inputs):
     return out.tolist()
 
 
-def check_reduce_scatter_prediction(inputs, predicted,
-                                    exercise: str = "Exercise 5.1 (predict a reduce-scatter)") -> str:
-    """Run reduce_scatter_single (SUM) on len(inputs) ranks with those inputs and compare with the learner's guess."""
+def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise 5.1") -> str:
+    """``predicted()`` returns what each rank's output holds after reduce_scatter_single (SUM) with ``inputs``;
+    compared with a real run on len(inputs) ranks. It is a prediction: launching ranks and collectives are off."""
+    from ..launch import run
+    from .switch_off import SwitchedOff, switched_off
+
+    hint = ("rank j receives the sum over all ranks of chunk j (the j-th 1/p of each input); it never sees the other "
+            "chunks. Write the lists by hand: the check runs the real collective afterwards.")
+    if callable(predicted):
+        try:
+            with switched_off(exercise, "all", "predicting a reduce-scatter before running it",
+                              library=("course_lib.launch.run",)):
+                predicted = predicted()
+        except SwitchedOff as exc:
+            raise ExerciseFailed(with_hint(str(exc), hint)) from None
     world = len(inputs)
-    if len(predicted) != world:
-        raise ExerciseFailed(f"{exercise}: you predicted {len(predicted)} ranks' results, but {world} ranks take part.")
+    if not isinstance(predicted, (list, tuple)) or len(predicted) != world:
+        raise ExerciseFailed(f"{exercise}: you predicted {predicted!r}; give one list per rank, {world} ranks take "
+                             "part.")
     try:
         real = run(_real_reduce_scatter, world, args=([list(x) for x in inputs],), output="none", timeout=10).values
     except RankFailed as exc:
@@ -164,11 +248,8 @@ def check_reduce_scatter_prediction(inputs, predicted,
                              f"{world}?)\n\n{exc}") from None
     for rank, (want, got) in enumerate(zip(real, predicted)):
         if [float(v) for v in want] != [float(v) for v in got]:
-            raise ExerciseFailed(
-                f"{exercise}: rank {rank} really holds {_fmt(torch.tensor(want))}, you predicted {list(got)}.\n"
-                f"Hint: rank {rank} receives the sum over all ranks of chunk {rank} (elements "
-                f"{rank * len(want)}..{(rank + 1) * len(want) - 1} of each input); it never sees the other chunks."
-            )
-    line = f"✓ {exercise} passed: your prediction matches a real reduce_scatter_single on {world} ranks."
-    print(line)
-    return line
+            raise ExerciseFailed(with_hint(
+                f"{exercise}: rank {rank} really holds {_fmt(torch.tensor(want))}, you predicted {list(got)}.",
+                f"rank {rank} receives the sum over all ranks of chunk {rank} (elements {rank * len(want)}.."
+                f"{(rank + 1) * len(want) - 1} of each input); it never sees the other chunks."))
+    return passed(exercise, f"your prediction matches a real reduce_scatter_single on {world} ranks.")

@@ -1,180 +1,264 @@
 """Checkers for the exercises of notebooks 08-10 (parameter server, all-reduce data parallel, PS vs all-reduce).
 
-Each runs the learner's function on real ranks (or against real measured traffic) and compares with the course's
-reference: single-process SGD on the combined batch, dist.all_reduce, the bytes counted on every message.
+Each runs the learner's function on real ranks (or against real measured traffic) and compares with a reference
+computed here: single-process SGD on the combined batch (with momentum, or with ranks' batches of different sizes),
+dist.all_reduce, the bytes counted on every message. While the learner's code runs, the collectives and library
+functions that would answer the exercise for them are switched off (switch_off.py) and its messages are counted
+(traffic.py). Tolerances come from course_lib.training.tolerance (float32 summation order, derived there).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from .. import costmodel
-from ..launch import run
-from ..measure.traffic import Meter
-from ..results import RankFailed
-from ..training import train_single
+from ..training import tolerance
 from ..training.allreduce import dp_train
-from ..training.data import load_digits, worker_batch
-from ..training.model import flat_params, make_mlp
-from ..training.ps import _worker, ps_train
-from .core import ExerciseFailed
+from ..training.data import combined_batch, load_digits, shard_indices, worker_batch
+from ..training.model import flat_grads, flat_params, make_mlp, set_flat_params
+from ..training.ps import ps_train
+from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
+from .traffic import summary
 
-STEPS, BATCH = 3, 16
-
-
-def _launch(exercise, fn, world, args=(), hint="", kwargs=None):
-    try:
-        return run(fn, world_size=world, args=args, kwargs=kwargs, output="none", timeout=30).values
-    except RankFailed as e:
-        if e.failure.etype == "NotImplementedError":   # a student copy: the exercise is not done yet
-            raise NotImplementedError(f"{exercise}: {e.failure.message}") from None
-        raise ExerciseFailed(f"{exercise}: rank {e.rank} failed with {world} ranks:\n{e}\nHint: {hint}") from None
+STEPS, BATCH, HIDDEN = 3, 16, 32
+PS_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.ps_vs_allreduce")
+RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.allreduce_traffic")
 
 
-def _passed(exercise: str, what: str) -> None:
-    print(f"PASS {exercise}: {what}")
-
-
-def check_server_bytes(server_bytes, exercise: str = "Exercise 8.1 (bytes through one server)") -> None:
+# ---------------------------------------------------------------- notebook 08
+def check_server_bytes(server_bytes, exercise: str = "Exercise 8.1") -> str:
     """`server_bytes(n, model_bytes, k)` -> bytes ONE server receives per synchronous step; checked against what
     the course's PS really received (every message counted) for several n and k."""
-    for n, k in [(1, 1), (3, 1), (2, 2), (4, 2)]:
-        got = _launch(exercise, ps_train, n + k, kwargs=dict(steps=1, n_servers=k))
-        m = got[0]["model_bytes"]
-        measured = got[0]["traffic"][0][1]
-        answer = server_bytes(n, m, k)
+    hint = ("every worker pushes its gradient for each server's shard only: a server receives one shard from each "
+            "of the n workers; with k servers the first shard is the longest (ceil of the parameters / k)")
+    for n, k in [(1, 1), (3, 1), (2, 2), (4, 2), (3, 3)]:
+        got = launch_checked(exercise, ps_train, n + k, kwargs=dict(steps=1, n_servers=k, hidden=HIDDEN))
+        m, measured = got[0]["model_bytes"], got[0]["traffic"][0][1]
+        answer = call_learner(exercise, server_bytes, n, m, k, hint=hint, why="the bytes a server carries",
+                              library=PS_ANSWERS)
         if answer != measured:
-            raise ExerciseFailed(f"{exercise}: n={n} workers, k={k} servers, M={m} bytes: you said {answer}, "
-                                 f"server 0 really received {measured} bytes per step.\nHint: every worker pushes "
-                                 f"its gradient for the server's shard only (M/k bytes).")
-    _passed(exercise, "matches the bytes counted on real runs for n in 1-4 and k in 1-2")
+            raise ExerciseFailed(with_hint(f"{exercise}: n={n} workers, k={k} servers, M={m} bytes: you said "
+                                           f"{answer}, server 0 really received {measured} bytes per step.", hint))
+    return passed(exercise, "matches the bytes counted on real runs for n in 1-4 and k in 1-3")
 
 
-def _ps_with_learner_server(server_step, steps):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model = make_mlp(256, 0)
-    flat = flat_params(model)
-    workers = list(range(1, world))
-    meter = Meter()
-    if rank == 0:
-        shard = flat.clone()
-        for _ in range(steps):
-            server_step(shard, workers, 0.1)
-        for w in workers:
-            dist.send(shard, w)
-        return shard
-    _worker(model, [(0, flat.numel())], [0], steps, BATCH, 0, "sync", meter, rank - 1, len(workers))
+def _momentum_single(n: int, steps: int, lr: float, momentum: float) -> torch.Tensor:
+    """SGD with momentum (torch.optim.SGD's rule, dampening 0) in one process on n workers' combined batch."""
+    x, y = load_digits()
+    model = make_mlp(HIDDEN, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    for step in range(steps):
+        xb, yb = combined_batch(x, y, n, BATCH, step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
     return flat_params(model)
 
 
-def check_sync_server_step(server_step, exercise: str = "Exercise 8.2 (one synchronous server step)") -> None:
-    """`server_step(shard, workers, lr)`: send `shard` to every worker, receive one gradient from each, update
-    `shard` in place with the average. Run as the server of a real PS; final weights must equal single-process SGD."""
-    hint = "send first, then receive one gradient per worker, then shard -= lr * mean (in place: shard -= ...)"
+def _ps_with_learner_server(exercise, server_step, steps, lr, momentum):
+    """Rank 0 runs the learner's server step; ranks 1..n are plain synchronous workers (pull, gradient, push)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    workers = list(range(1, world))
+    model = make_mlp(HIDDEN, 0)
+    shard = flat_params(model)
+    if rank == 0:
+        velocity, records = torch.zeros_like(shard), []
+        for _ in range(steps):
+            _, record = watched_call(exercise, server_step, (shard, velocity, workers, lr, momentum), forbid="all",
+                                     why="a server's optimizer step from point-to-point messages",
+                                     library=("course_lib.training.ps._sync_server",))
+            records.append(record)
+        return shard, records
+    x, y = load_digits()
+    for step in range(steps):
+        dist.recv(shard, 0)
+        set_flat_params(model, shard)
+        xb, yb = worker_batch(x, y, rank - 1, len(workers), BATCH, step)
+        model.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        dist.send(flat_grads(model), 0)
+    return None, []
+
+
+def check_momentum_server_step(server_step, exercise: str = "Exercise 8.2") -> str:
+    """`server_step(shard, velocity, workers, lr, momentum)`: send `shard` to every worker, receive one gradient from
+    each, then velocity = momentum x velocity + mean gradient and shard -= lr x velocity, both in place. Run as the
+    server of a real PS with 1-3 workers; the weights must equal single-process SGD with momentum."""
+    hint = ("the optimizer state lives on the server: after the n gradients are in, velocity.mul_(momentum)"
+            ".add_(mean gradient), then shard.sub_(lr * velocity); both in place, since the caller keeps them")
+    lr, momentum = 0.1, 0.9
     for n in (1, 2, 3):
-        vals = _launch(exercise, _ps_with_learner_server, n + 1, args=(server_step, STEPS), hint=hint)
-        ref, _ = train_single(n, STEPS, BATCH)
-        if not all(torch.allclose(v, ref, atol=1e-5) for v in vals):
-            bad = max((v - ref).abs().max().item() for v in vals)
-            raise ExerciseFailed(f"{exercise}: with {n} workers the weights differ from single-process SGD on the "
-                                 f"combined batch by up to {bad:.3g}.\nHint: {hint}")
-    _passed(exercise, "a real PS with your server step ends with single-process weights for 1-3 workers")
+        vals = launch_checked(exercise, _ps_with_learner_server, n + 1, args=(exercise, server_step, STEPS, lr,
+                                                                             momentum), hint=hint,
+                              what=f"{n} workers")
+        shard, records = vals[0]
+        m = shard.numel() * shard.element_size()
+        for step, rec in enumerate(records):
+            s = summary(rec)
+            if s["bytes_sent"] != n * m or s["bytes_recv"] != n * m or s["sent_to"] != list(range(1, n + 1)):
+                raise ExerciseFailed(with_hint(
+                    f"{exercise}: with {n} workers, step {step + 1}: the server sent {s['bytes_sent']} B to "
+                    f"{s['sent_to']} and received {s['bytes_recv']} B from {s['recv_from']}; one synchronous step "
+                    f"sends the {m}-byte shard to each worker and receives one gradient of {m} B from each.", hint))
+        ref = _momentum_single(n, STEPS, lr, momentum)
+        # float32: the server's mean of n gradients vs one mean over the combined batch, summed in another order
+        atol = tolerance.sgd_atol(STEPS, lr, n * BATCH, HIDDEN, momentum=momentum)
+        bad = tolerance.max_diff(shard, ref)
+        if bad > atol:
+            raise ExerciseFailed(with_hint(f"{exercise}: with {n} workers the weights differ from single-process SGD "
+                                           f"with momentum {momentum} on the combined batch by up to {bad:.3g} "
+                                           f"(float32 summation order allows {atol:.1g}).", hint))
+    return passed(exercise, "a real PS with your server step ends with single-process SGD-with-momentum weights for "
+                            "1-3 workers, one pull and one push per worker per step")
 
 
-def _dp_with_learner(average_gradients, steps):
+# ---------------------------------------------------------------- notebook 09
+def _sizes(world: int) -> list[int]:
+    """Batch sizes that differ by rank (an epoch's last batches rarely split evenly)."""
+    return [BATCH - 4 * r for r in range(world)]
+
+
+def _uneven_batch(x, y, rank, world, step):
+    idx = shard_indices(len(x), rank, world)
+    b = _sizes(world)[rank]
+    pos = torch.arange(step * b, (step + 1) * b) % len(idx)
+    return x[idx[pos]], y[idx[pos]]
+
+
+def _dp_with_learner(exercise, average_gradients, steps, lr):
     rank, n = dist.get_rank(), dist.get_world_size()
     x, y = load_digits()
-    model = make_mlp(256, 0)
+    model = make_mlp(HIDDEN, 0)
     for step in range(steps):
-        xb, yb = worker_batch(x, y, rank, n, BATCH, step)
+        xb, yb = _uneven_batch(x, y, rank, n, step)
         model.zero_grad()
-        torch.nn.functional.cross_entropy(model(xb), yb).backward()
-        average_gradients(model)
+        nn.functional.cross_entropy(model(xb), yb).backward()        # the mean over this rank's own batch
+        watched_call(exercise, average_gradients, (model, len(yb)))
         with torch.no_grad():
             for p in model.parameters():
-                p -= 0.1 * p.grad
+                p -= lr * p.grad
     return flat_params(model)
 
 
-def check_average_gradients(average_gradients, exercise: str = "Exercise 9.1 (average the gradients)") -> None:
-    """`average_gradients(model)`: after backward, make every p.grad the mean over ranks. Trained on real ranks;
-    every rank must end with the single-process weights."""
-    hint = "dist.all_reduce(p.grad) sums; divide by dist.get_world_size()"
+def _uneven_single(world: int, steps: int, lr: float) -> torch.Tensor:
+    """One process, every rank's batch of each step at once, the mean loss over all those samples."""
+    x, y = load_digits()
+    model = make_mlp(HIDDEN, 0)
+    for step in range(steps):
+        parts = [_uneven_batch(x, y, r, world, step) for r in range(world)]
+        model.zero_grad()
+        xb, yb = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return flat_params(model)
+
+
+def check_average_gradients(average_gradients, exercise: str = "Exercise 9.1") -> str:
+    """`average_gradients(model, batch_size)`: after backward of this rank's mean loss over its `batch_size`
+    samples, make every p.grad the gradient of the mean loss over ALL ranks' samples (batches differ in size).
+    Trained on 2 and 3 real ranks; every rank must end with the single-process weights."""
+    hint = ("a rank's gradient is the mean over its own samples: weight it by its batch size (p.grad * batch_size), "
+            "sum over ranks with dist.all_reduce, and divide by the total number of samples, itself a sum over ranks")
+    lr = 0.1
     for n in (2, 3):
-        vals = _launch(exercise, _dp_with_learner, n, args=(average_gradients, STEPS), hint=hint)
-        ref, _ = train_single(n, STEPS, BATCH)
-        if not all(torch.allclose(v, ref, atol=1e-5) for v in vals):
-            raise ExerciseFailed(f"{exercise}: with {n} ranks the weights differ from single-process SGD.\n"
-                                 f"Hint: {hint}")
-    _passed(exercise, "every rank ends with the single-process weights for 2 and 3 ranks")
+        vals = launch_checked(exercise, _dp_with_learner, n, args=(exercise, average_gradients, STEPS, lr), hint=hint,
+                              what=f"{n} ranks with batches of {_sizes(n)} samples")
+        ref = _uneven_single(n, STEPS, lr)
+        atol = tolerance.sgd_atol(STEPS, lr, sum(_sizes(n)), HIDDEN)
+        bad = max(tolerance.max_diff(v, ref) for v in vals)
+        if bad > atol:
+            plain = launch_checked(exercise, _dp_with_learner, n, args=(exercise, _plain_mean, STEPS, lr))
+            same = max(tolerance.max_diff(v, w) for v, w in zip(vals, plain)) <= atol
+            extra = (" Your gradients equal the plain mean of the ranks' gradients, which counts a sample of a small "
+                     "batch more than one of a big batch." if same else "")
+            raise ExerciseFailed(with_hint(f"{exercise}: with {n} ranks holding {_sizes(n)} samples, the weights "
+                                           f"differ from single-process SGD on all {sum(_sizes(n))} samples by up to "
+                                           f"{bad:.3g} (float32 summation order allows {atol:.1g}).{extra}", hint))
+    return passed(exercise, "every rank ends with the single-process weights for 2 and 3 ranks with batches of "
+                            "different sizes")
 
 
-def _bucket_case(bucket_all_reduce):
+def _plain_mean(model, batch_size):
+    """The demo's average, ignoring batch sizes: what a learner's first attempt usually does."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def _bucket_case(exercise, bucket_all_reduce):
     rank = dist.get_rank()
     ts = [torch.arange(s, dtype=torch.float32) * (rank + 1) + rank for s in (3, 1, 7, 12)]
     want = [t.clone() for t in ts]
     for t in want:
         dist.all_reduce(t)
         t /= dist.get_world_size()
-    calls = {"n": 0}
-    orig = dist.all_reduce
-
-    def counting(*a, **k):
-        calls["n"] += 1
-        return orig(*a, **k)
-
-    dist.all_reduce = counting
-    try:
-        bucket_all_reduce(ts)
-    finally:
-        dist.all_reduce = orig
-    return calls["n"], all(torch.allclose(a, b) for a, b in zip(ts, want))
+    _, record = watched_call(exercise, bucket_all_reduce, (ts,), why="one all-reduce for a whole bucket",
+                             forbid=[c for c in ("broadcast", "reduce", "all_gather", "all_gather_single",
+                                                 "reduce_scatter", "reduce_scatter_single", "gather", "scatter",
+                                                 "all_to_all", "send_recv")],
+                             library=("course_lib.training.allreduce.BucketReducer._launch",
+                                      "course_lib.training.allreduce.BucketReducer.finish"))
+    return record, all(torch.allclose(a, b) for a, b in zip(ts, want))
 
 
-def check_bucket_all_reduce(bucket_all_reduce, exercise: str = "Exercise 9.2 (one bucket, one all-reduce)") -> None:
+def check_bucket_all_reduce(bucket_all_reduce, exercise: str = "Exercise 9.2") -> str:
     """`bucket_all_reduce(tensors)`: average every tensor of the list over ranks, in place, with ONE all_reduce."""
     hint = "torch.cat([t.reshape(-1) for t in tensors]), one dist.all_reduce, divide, copy slices back"
     for n in (2, 3, 4):
-        vals = _launch(exercise, _bucket_case, n, args=(bucket_all_reduce,), hint=hint)
-        for rank, (calls, ok) in enumerate(vals):
+        vals = launch_checked(exercise, _bucket_case, n, args=(exercise, bucket_all_reduce), hint=hint,
+                              what=f"{n} ranks")
+        for rank, (record, ok) in enumerate(vals):
+            calls = [(name, size) for name, size, *_ in record["collectives"]]
+            if calls != [("all_reduce", 23 * 4)]:
+                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank} of {n} ran {calls} (collective, bytes); a "
+                                               "bucket is one all_reduce of all four tensors' 23 float32 values, "
+                                               "92 bytes.", hint))
             if not ok:
-                raise ExerciseFailed(f"{exercise}: rank {rank} of {n}: tensors are not the mean over ranks.\n"
-                                     f"Hint: {hint}")
-            if calls != 1:
-                raise ExerciseFailed(f"{exercise}: rank {rank} called dist.all_reduce {calls} times; the point of a "
-                                     f"bucket is one call for all four tensors.\nHint: {hint}")
-    _passed(exercise, "means are right on 2-4 ranks with exactly one all_reduce call")
+                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank} of {n}: the tensors are not the mean over "
+                                               "ranks (in place).", hint))
+    return passed(exercise, "means are right on 2-4 ranks with exactly one all_reduce of the whole bucket")
 
 
+# ---------------------------------------------------------------- notebook 10
 def _ring_bytes_case():
     out = dp_train(steps=1, batch_size=8, hidden=60, method="bucket", collective="ring", bucket_bytes=1 << 30)
     return out["traffic"][0][0], out["model_bytes"]
 
 
-def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1 (bytes a rank sends in ring all-reduce)") -> None:
+def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> str:
     """`ring_bytes(n, model_bytes)` -> bytes each rank sends per ring all-reduce; checked against real ring runs
     (every message counted) within one element per phase (the chunks differ by at most one element)."""
+    hint = "reduce-scatter then all-gather, each n-1 steps of a 1/n chunk of the model"
     for n in (2, 3, 4):
-        vals = _launch(exercise, _ring_bytes_case, n)
+        vals = launch_checked(exercise, _ring_bytes_case, n)
         m = vals[0][1]
-        ans = ring_bytes(n, m)
+        ans = call_learner(exercise, ring_bytes, n, m, hint=hint, why="the bytes of a ring", library=RING_ANSWERS)
         worst = max(abs(ans - sent) for sent, _ in vals)
         if worst > 8:
-            raise ExerciseFailed(f"{exercise}: n={n}, M={m}: you said {ans:.0f}, ranks really sent "
-                                 f"{[s for s, _ in vals]} bytes.\nHint: reduce-scatter then all-gather, each "
-                                 f"n-1 steps of a 1/n chunk.")
-    _passed(exercise, "matches the bytes counted on real ring runs for 2-4 ranks")
+            raise ExerciseFailed(with_hint(f"{exercise}: n={n}, M={m}: you said {ans:.0f}, ranks really sent "
+                                           f"{[s for s, _ in vals]} bytes.", hint))
+    return passed(exercise, "matches the bytes counted on real ring runs for 2-4 ranks")
 
 
-def check_servers_to_match_ring(servers_needed, exercise: str = "Exercise 10.2 (servers a PS needs)") -> None:
+def check_servers_to_match_ring(servers_needed, exercise: str = "Exercise 10.2") -> str:
     """`servers_needed(n)` -> the smallest k for which BytePS's PS time max(M/B, nM/(kB)) is at most ring
     all-reduce's 2(n-1)M/(nB) (any M, B); compared with costmodel.ps_vs_allreduce for n = 2..64."""
+    hint = "solve n/k <= 2(n-1)/n for k and round up (and k >= 1)"
     for n in range(2, 65):
         want = next(k for k in range(1, n + 1)
                     if costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["ps_s"]
-                    <= costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["allreduce_s"] + 1e-12)
-        if servers_needed(n) != want:
-            raise ExerciseFailed(f"{exercise}: n={n}: you said {servers_needed(n)}, the formulas give {want}.\n"
-                                 f"Hint: solve n/k <= 2(n-1)/n for k and round up.")
-    _passed(exercise, "right for every n from 2 to 64")
+                    <= costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["allreduce_s"] * (1 + 1e-12))
+        got = call_learner(exercise, servers_needed, n, hint=hint, why="solving the PS and ring formulas",
+                           library=PS_ANSWERS)
+        if got != want:
+            raise ExerciseFailed(with_hint(f"{exercise}: n={n}: you said {got!r}, which is not the smallest k.", hint))
+    return passed(exercise, "right for every n from 2 to 64")
+
+
+# The name notebook 08's first cell imports (exercise 8.2 asked for a plain SGD server step before it asked for
+# momentum); the check cell itself imports check_momentum_server_step.
+check_sync_server_step = check_momentum_server_step

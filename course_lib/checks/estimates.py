@@ -1,0 +1,164 @@
+"""Checkers for the exercises that estimate a number from the course's tables and formulas (notebooks 01, 02, 07,
+16): the expected value is computed here from data/ and course_lib's formulas, never written in a check cell.
+
+A wrong answer gets what was given and a hint at the method, not the number.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import costmodel
+from .. import hardware as hw
+from .core import ExerciseFailed, call_learner, passed, with_hint
+
+
+def _number(exercise, got, what):
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise ExerciseFailed(f"{exercise}: return {what} as a number; you returned {got!r}.")
+    return got
+
+
+# ---------------------------------------------------------------- notebook 01
+def check_cards_for_llama(exercise_1_1, exercise: str = "Exercise 1.1") -> str:
+    """Cards of H100 SXM 80GB just to hold LLaMA-65B's mixed-precision Adam state (data/training_runs.csv)."""
+    hint = ("mixed-precision Adam holds 16 bytes per parameter (ZeRO paper, section 3.1): hw.training_state_bytes "
+            "gives them; divide by one card's memory and round up (hw.gpus_to_hold)")
+    got = _number(exercise, call_learner(exercise, exercise_1_1, hint=hint), "the number of cards")
+    state = hw.training_state_bytes(hw.row("training_runs", "LLaMA-65B")["params"], "mixed")["total"]
+    want = hw.gpus_to_hold(state, hw.row("accelerators", "H100 SXM 80GB")["memory_GB"])
+    if got != want:
+        raise ExerciseFailed(with_hint(f"{exercise}: you said {got} cards, which is not the smallest number that "
+                                       "holds the state.", hint))
+    return passed(exercise, f"{got} cards")
+
+
+def check_bloom_days(exercise_1_2, exercise: str = "Exercise 1.2") -> str:
+    """Days of pure compute for BLOOM-176B: 6·N·D / (GPUs x FLOP/s per GPU), from data/training_runs.csv."""
+    hint = "hw.training_flops(N, D) = 6 N D; divide by (GPUs x TFLOP/s per GPU x 1e12) for seconds, by 86,400 for days"
+    got = _number(exercise, call_learner(exercise, exercise_1_2, hint=hint), "the number of days")
+    b = hw.row("training_runs", "BLOOM-176B")
+    want = hw.training_flops(b["params"], b["tokens"]) / (b["gpus"] * b["tflops_per_gpu"] * 1e12) / 86400
+    if not math.isclose(got, want, rel_tol=0.01):     # 1%: rounding the inputs, not a different formula
+        raise ExerciseFailed(with_hint(f"{exercise}: you said {got:.1f} days; that is not 6·N·D at BLOOM's measured "
+                                       "rate on its GPUs.", hint))
+    return passed(exercise, f"{got:.1f} days of pure compute vs ~{b['duration_days']} days of wall time")
+
+
+def check_accumulation(exercise_1_3, speed_setup, exercise: str = "Exercise 1.3") -> str:
+    """Smallest sequences per GPU per step keeping LLaMA-7B's speedup ratio >= 0.9 on 256 GPUs over 100 GbE,
+    judged with the notebook's own speed_setup (the lesson's compute rate and link figures)."""
+    hint = ("speed_setup('LLaMA-7B', 'Ethernet 100 GbE', s) gives hw.data_parallel_speed's arguments for s sequences; "
+            "raise s from 1 until the speedup ratio reaches 0.9")
+    got = call_learner(exercise, exercise_1_3, hint=hint)
+
+    def ok(s):
+        return hw.data_parallel_speed(256, *speed_setup("LLaMA-7B", "Ethernet 100 GbE", s))["speedup_ratio"] >= 0.9
+
+    if not isinstance(got, int) or got < 1 or not ok(got) or (got > 1 and ok(got - 1)):
+        raise ExerciseFailed(with_hint(f"{exercise}: {got!r} sequences is not the smallest whole number that keeps "
+                                       "the speedup ratio at 0.9 or more.", hint))
+    return passed(exercise, f"{got} sequences per GPU per step")
+
+
+# ---------------------------------------------------------------- notebook 02
+def check_gradient_transfer(exercise_2_1, exercise: str = "Exercise 2.1") -> str:
+    """Seconds to send LLaMA-65B's fp16 gradients once over PCIe 4.0 x16 (data/links.csv)."""
+    hint = "fp16 = 2 bytes per parameter; hw.transfer_time_s(bytes, link) divides by the link's one-direction speed"
+    got = _number(exercise, call_learner(exercise, exercise_2_1, hint=hint), "seconds")
+    want = hw.transfer_time_s(2 * hw.row("training_runs", "LLaMA-65B")["params"], "PCIe 4.0 x16")
+    if not math.isclose(got, want, rel_tol=1e-3):
+        raise ExerciseFailed(with_hint(f"{exercise}: you said {got:.3g} s.", hint))
+    return passed(exercise, f"{got:.2f} s")
+
+
+def check_tor_edges(exercise_2_2, exercise: str = "Exercise 2.2") -> str:
+    """Edges of topology.rack(6)'s description that reach its ToR switch."""
+    from ..viz import topology
+
+    hint = "topology.rack(6) returns {'nodes', 'edges'}; count the edges with 'tor0' at either end ('a' or 'b')"
+    got = call_learner(exercise, exercise_2_2, hint=hint)
+    want = sum("tor0" in (e["a"], e["b"]) for e in topology.rack(6)["edges"])
+    if got != want:
+        raise ExerciseFailed(with_hint(f"{exercise}: you counted {got!r} edges.", hint))
+    return passed(exercise, f"{got} edges reach the ToR switch")
+
+
+def _fewest_servers(n: int) -> int:
+    """Smallest k with costmodel's PS time <= ring all-reduce's (M and B cancel: both scale as M/B)."""
+    return next(k for k in range(1, n + 1)
+                if costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["ps_s"]
+                <= costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["allreduce_s"] * (1 + 1e-12))
+
+
+def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> str:
+    """Fewest non-colocated parameter servers (BytePS) for 16 workers to be no slower than the ring."""
+    hint = ("costmodel.ps_vs_allreduce(16, M, B, k) gives both times for k servers; raise k from 1 until the PS time "
+            "is no more than the all-reduce time")
+    got = call_learner(exercise, exercise_2_3, hint=hint)
+    if got != _fewest_servers(16):
+        raise ExerciseFailed(with_hint(f"{exercise}: with k = {got!r} the PS is either still slower than the ring "
+                                       "or k is not the smallest that is not.", hint))
+    return passed(exercise, f"k = {got}")
+
+
+# ---------------------------------------------------------------- notebook 07
+def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise 7.1") -> str:
+    """(algbw, busbw) in GB/s of an all_gather on 8 ranks, S = 1 GiB of output, in 10 ms (nccl-tests' definitions,
+    doc/PERFORMANCE.md: algbw = S/t, busbw = algbw x (n-1)/n for all_gather)."""
+    hint = "algbw = S / t with S the whole output in bytes (1 GiB = 2**30 B) and 1 GB = 1e9 B; all_gather's busbw " \
+           "factor is (n-1)/n"
+    got = call_learner(exercise, all_gather_bandwidths, hint=hint)
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise ExerciseFailed(f"{exercise}: return two numbers, (algbw, busbw); you returned {got!r}.")
+    algbw = (1 << 30) / 10e-3 / 1e9
+    if not math.isclose(got[0], algbw, rel_tol=1e-4):
+        raise ExerciseFailed(with_hint(f"{exercise}: your algbw {got[0]:.4g} GB/s is not S/t.", hint))
+    if not math.isclose(got[1], algbw * 7 / 8, rel_tol=1e-4):
+        raise ExerciseFailed(with_hint(f"{exercise}: your busbw {got[1]:.4g} GB/s does not use all_gather's factor "
+                                       "for 8 ranks.", hint))
+    return passed(exercise, f"algbw {got[0]:.1f} GB/s, busbw {got[1]:.1f} GB/s")
+
+
+def check_course_ring_fit(fit_course_ring, rows, exercise: str = "Exercise 7.2") -> str:
+    """(alpha, beta) of the course ring's rows (op 'ring') of the measured sweep, fitted with the ring's model."""
+    hint = ("keep the rows whose op is 'ring'; costmodel.fit_alpha_beta(sizes in bytes, times in seconds, p=ranks, "
+            "algorithm='ring') fits the ring's 2(p-1) alpha + 2(p-1)/p n beta")
+    got = call_learner(exercise, fit_course_ring, rows, hint=hint)
+    ring = [r for r in rows if r["op"] == "ring"]
+    want = costmodel.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] / 1e6 for r in ring],
+                                    p=ring[0]["ranks"], algorithm="ring")
+    if not (isinstance(got, (tuple, list)) and len(got) == 2
+            and all(math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-12) for g, w in zip(got, want))):
+        raise ExerciseFailed(with_hint(f"{exercise}: you returned {got!r}, not the ring model's fit of the ring "
+                                       "rows (times in seconds, sizes in bytes).", hint))
+    return passed(exercise, f"course ring alpha {got[0] * 1e6:.0f} us, 1/beta {1 / got[1] / 1e9:.2f} GB/s")
+
+
+# ---------------------------------------------------------------- notebook 16
+def _per_gpu_day() -> float:
+    llama = next(r for r in hw.load_table("failure_rates") if r["run"].startswith("Llama 3"))
+    return llama["interruptions_unexpected"] / llama["days"] / llama["accelerators"]
+
+
+def check_interruptions_per_day(interruptions_per_day, exercise: str = "Exercise 16.1") -> str:
+    """Expected unexpected interruptions per day on n GPUs at Llama 3's per-GPU rate (data/failure_rates.csv)."""
+    hint = "Llama 3's unexpected interruptions / days / GPUs is a rate per GPU-day; multiply it by the GPU count"
+    for n in (1, 1024, 16384, 100_000):
+        got = _number(exercise, call_learner(exercise, interruptions_per_day, n, hint=hint), "a rate")
+        if not math.isclose(got, n * _per_gpu_day(), rel_tol=1e-9):
+            raise ExerciseFailed(with_hint(f"{exercise}: for {n} GPUs you said {got:.4g} per day.", hint))
+    return passed(exercise, "right for 1 to 100,000 GPUs")
+
+
+def check_checkpoint_interval(checkpoint_interval_s, exercise: str = "Exercise 16.2") -> str:
+    """Young's interval sqrt(2 C M) in seconds (CACM 17(9), 1974), M = 1 / (n x Llama 3's rate per GPU-day)."""
+    hint = ("M is the mean time between failures in seconds: 86,400 / (interruptions per day for that many GPUs); "
+            "then sqrt(2 x save time x M). If exercise 16.1 is wrong, fix it first.")
+    for save_s, n in ((60, 16384), (10, 1024), (300, 100_000)):
+        got = _number(exercise, call_learner(exercise, checkpoint_interval_s, save_s, n, hint=hint), "seconds")
+        want = math.sqrt(2 * save_s * 86400 / (n * _per_gpu_day()))
+        if not math.isclose(got, want, rel_tol=1e-6):
+            raise ExerciseFailed(with_hint(f"{exercise}: {save_s} s per save on {n} GPUs: you said {got:.4g} s.",
+                                           hint))
+    return passed(exercise, f"checkpoint every {checkpoint_interval_s(60, 16384) / 60:.0f} min at 16,384 GPUs")

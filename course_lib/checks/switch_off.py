@@ -1,0 +1,169 @@
+"""While a learner's function runs under a checker, the collectives and library answers an exercise forbids are off.
+
+An exercise that asks for all-reduce built from send/recv proves nothing if ``dist.all_reduce`` still works, so
+``switched_off(...)`` makes every road to a forbidden collective fail with a sentence naming the exercise: the
+Python names (``dist.all_reduce``, ``dist.distributed_c10d.all_reduce``) are replaced, and a TorchDispatchMode stops
+the c10d operators they all end in (so the ProcessGroup object, ``_functional_collectives`` and ``torch.ops.c10d``
+are stopped too; c10d_names.py lists them). Library functions that already hold an exercise's answer (the
+course's own ring, ``per_rank_bytes``) are switched off by swapping their code for a stub while the block runs.
+A learner who catches the error and carries on still fails: every attempt is remembered and raised at the end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from contextlib import contextmanager
+
+from .c10d_names import COLLECTIVES, OP_TO_COLLECTIVE, expand, op_key
+
+
+class SwitchedOff(RuntimeError):
+    """The learner's code reached something its exercise switches off; the message says what and why."""
+
+
+_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+_refusals: dict[str, str] = {}   # stub key -> message, for library functions switched off right now
+_attempts: list[str] = []        # every refusal of the current block, even those the learner caught
+
+
+def _refuse(key: str):
+    """Called by a switched-off library function's stub."""
+    message = _refusals.get(key, "this library function is switched off here")
+    _attempts.append(message)
+    raise SwitchedOff(message)
+
+
+def _say(exercise: str, why: str, what: str) -> str:
+    about = f"{exercise} is about {why}" if why else f"{exercise} asks you to write this yourself"
+    return f"{about}; {what} is switched off here."
+
+
+def _dispatch_mode_base():
+    """TorchDispatchMode, kept from importing torch._dynamo (seconds per rank on 2 cores) on first use.
+
+    Its default wraps __torch_dispatch__ in torch._disable_dynamo, which imports torch._dynamo when first called;
+    a checker never compiles, so the wrapper buys nothing here. The classes are made on first use, in the rank.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+    return Mode
+
+
+_classes: dict = {}
+
+
+def _stop_ops(exercise: str, why: str, forbidden: set[str]):
+    """A dispatch mode that refuses the operators of the forbidden collectives, however the learner reached them."""
+    if "stop" not in _classes:
+        class StopOps(_dispatch_mode_base()):
+            def __init__(self, exercise, why, forbidden):
+                super().__init__()
+                self.exercise, self.why, self.forbidden = exercise, why, forbidden
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                key = op_key(func)
+                name = OP_TO_COLLECTIVE.get(key)
+                if name in self.forbidden:
+                    shown = "send/recv" if name == "send_recv" else name
+                    message = _say(self.exercise, self.why, f"{shown} (reached as torch.ops.{key})")
+                    _attempts.append(message)
+                    raise SwitchedOff(message)
+                return func(*args, **(kwargs or {}))
+
+        _classes["stop"] = StopOps
+    return _classes["stop"](exercise, why, forbidden)
+
+
+def _python_stub(message: str):
+    def switched_off(*args, **kwargs):
+        _attempts.append(message)
+        raise SwitchedOff(message)
+    return switched_off
+
+
+def _resolve(path: str):
+    """'course_lib.collectives.ring.ring_all_reduce' or '...tensor_parallel.ColumnParallelLinear.forward'."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"cannot find {path}")
+
+
+_STUB_SOURCE = """
+def _factory({cells}):
+    def {name}(*args, **kwargs):
+        {touch}return __import__("course_lib.checks.switch_off", fromlist=["_refuse"])._refuse({key!r})
+    return {name}
+"""
+
+
+def _stub_code(fn, key: str):
+    """A code object that refuses, with as many free variables as ``fn`` has (so it can take fn's closure)."""
+    free = fn.__code__.co_freevars
+    src = _STUB_SOURCE.format(cells=", ".join(free), name=fn.__code__.co_name, key=key,
+                              touch=f"({', '.join(free)},)\n        " if free else "")
+    scope: dict = {}
+    exec(compile(src, fn.__code__.co_filename, "exec"), scope)
+    return scope["_factory"](*([None] * len(free))).__code__
+
+
+def library_stubs(paths, exercise: str, why: str = ""):
+    """[(function, its real code, the refusing code)] for library functions given by dotted path."""
+    out = []
+    for path in paths:
+        fn = _resolve(path)
+        fn = getattr(fn, "__func__", fn)
+        key = f"{exercise}:{path}"
+        short = path.removeprefix("course_lib.")
+        _refusals[key] = _say(exercise, why, f"the course's own {short} (it holds the answer)")
+        out.append((fn, fn.__code__, _stub_code(fn, key)))
+    return out
+
+
+@contextmanager
+def switched_off(exercise: str, forbid=(), why: str = "", library=()):
+    """Within the block, the collectives named in ``forbid`` ('all', 'all_reduce', 'send_recv', ...; see
+    c10d_names.COLLECTIVES) and the library functions in ``library`` (dotted paths) raise SwitchedOff with
+    "<exercise> is about <why>; <what> is switched off here." Raised at the end too if the learner caught it."""
+    forbidden = set(expand(forbid))
+    saved = []
+    modules = [sys.modules.get(m) or importlib.import_module(m) for m in _MODULES]
+    for name in forbidden:
+        for attr in COLLECTIVES[name][0]:
+            # one stub per name, set in both modules: torch compares dist.isend with its own isend (P2POp)
+            stub = _python_stub(_say(exercise, why, f"dist.{attr}"))
+            for module in modules:
+                if hasattr(module, attr):
+                    saved.append((module, attr, getattr(module, attr)))
+                    setattr(module, attr, stub)
+    stubs = library_stubs(library, exercise, why)
+    for fn, _, stub in stubs:
+        fn.__code__ = stub
+    before = len(_attempts)
+    mode = _stop_ops(exercise, why, forbidden) if forbidden else None
+    try:
+        if mode is not None:
+            with mode:
+                yield
+        else:
+            yield
+        if len(_attempts) > before:   # refused, caught by the learner's code, and the function went on
+            raise SwitchedOff(_attempts[before] + " (your code caught the error and went on)")
+    finally:
+        for module, attr, value in reversed(saved):
+            setattr(module, attr, value)
+        for fn, code, _ in stubs:
+            fn.__code__ = code
+        del _attempts[before:]
