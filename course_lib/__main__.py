@@ -30,10 +30,12 @@ def main(argv=None) -> int:
 
     bench = sub.add_parser("bench", help="benchmarks the course keeps")
     bsub = bench.add_subparsers(dest="what", required=True)
-    bl = bsub.add_parser("launch", help="warm launch cost vs torch.multiprocessing.spawn")
+    bl = bsub.add_parser("launch", help="warm launch cost vs torch.multiprocessing.spawn, large results, 100 launches")
     bl.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     bl.add_argument("--reps", type=int, default=20)
     bl.add_argument("--spawn-reps", type=int, default=3)
+    bl.add_argument("--result-mb", type=int, nargs="+", default=[1, 64, 512], help="MB each of 2 ranks returns")
+    bl.add_argument("--launches", type=int, default=100, help="launches back to back for the memory check")
     bl.add_argument("--json", default=None, help="also write the figures to this file")
     bc = bsub.add_parser("ceilings", help="this machine's memcpy, loopback TCP and GPU copy bandwidth (one direction)")
     bc.add_argument("--seconds", type=float, default=1.0, help="time spent on each measurement")
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     if args.cmd == "bench" and args.what == "launch":
         from .bench.launch import main as bench_launch
 
-        bench_launch(tuple(args.ranks), args.reps, args.spawn_reps, args.json)
+        bench_launch(tuple(args.ranks), args.reps, args.spawn_reps, args.json, tuple(args.result_mb), args.launches)
         return 0
     if args.cmd == "bench" and args.what == "ceilings":
         from .bench.ceilings import main as ceilings

@@ -8,6 +8,10 @@ import shutil
 import subprocess
 import sys
 
+# Set by the notebook services themselves (Kaggle's own client library, kagglehub, reads the same variables).
+HOSTS = (("KAGGLE_KERNEL_RUN_TYPE", "Kaggle"), ("COLAB_RELEASE_TAG", "Google Colab"))
+_OS = {"Darwin": "macOS"}
+
 
 def _gpus() -> list[str]:
     from .devices import gpu_count
@@ -20,8 +24,37 @@ def _gpus() -> list[str]:
     out = []
     for i in range(n):
         p = torch.cuda.get_device_properties(i)
-        out.append(f"cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, compute capability {p.major}.{p.minor}")
+        # torch.cuda.is_bf16_supported's own rule: native bfloat16 from compute capability 8.0 (Ampere) on.
+        bf16 = "bf16 yes" if p.major >= 8 else "bf16 no (emulated, slow)"
+        out.append(f"cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, compute capability {p.major}.{p.minor}, "
+                   f"{bf16}")
     return out
+
+
+def what_runs_here(gpus: int, most_ranks: int | None) -> list[str]:
+    """Which lessons this machine runs: gloo ones everywhere, NCCL ones with one GPU per rank."""
+    host = next((name for var, name in HOSTS if var in os.environ), None)
+    cap = f"up to {most_ranks} ranks by memory and open files" if most_ranks else "any world size"
+    lines = [f"gloo lessons (every notebook): yes, {cap}"]
+    if gpus >= 2:
+        lines.append(f"NCCL lessons: up to {gpus} ranks, one GPU each (the 2-rank NCCL cells run here)")
+    elif gpus == 1:
+        lines.append("NCCL lessons: 1 rank only (one GPU per rank); multi-rank cells use gloo on the CPU")
+    else:
+        lines.append("NCCL lessons: need GPUs; every cell runs its gloo path here")
+    if host:
+        lines.append(f"notebook host: {host}")
+    return lines
+
+
+def _python() -> str:
+    """The interpreter, relative to the current folder when it lives below it (a project's .venv)."""
+    exe = sys.executable
+    try:
+        rel = os.path.relpath(exe)
+    except ValueError:
+        return exe
+    return rel if not rel.startswith("..") else exe
 
 
 def _topology() -> str:
@@ -61,6 +94,11 @@ def _smoke(world_size: int, backend: str) -> tuple[bool, str]:
 def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
     """Print what this machine offers and run the smoke test; True when it passed."""
     out = out or sys.stdout
+    from .machine_limits import WINDOWS, max_ranks
+
+    if sys.platform.startswith(("win32", "cygwin")):
+        print(f"course_lib doctor\n  platform      Windows ({platform.machine()})\n  {WINDOWS}", file=out, flush=True)
+        return False
     import torch
 
     from .devices import LaunchError, backend_available, plan
@@ -73,7 +111,8 @@ def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
     gpus = _gpus()
     lines = [
         "course_lib doctor",
-        f"  python        {platform.python_version()} ({sys.executable})",
+        f"  platform      {_OS.get(platform.system(), platform.system())} ({platform.machine()})",
+        f"  python        {platform.python_version()} ({_python()})",
         f"  torch         {torch.__version__} ({build})",
         f"  backends      {have}",
         f"  cpu cores     {os.cpu_count()}",
@@ -85,6 +124,8 @@ def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
     for n in (2, 4, 8):
         p = plan("auto", n)
         lines.append(f"  auto, {n} ranks {p.backend} on {', '.join(sorted(set(p.devices)))} ({p.reason})")
+    lines += [("  runs here     " if i == 0 else "                ") + line
+              for i, line in enumerate(what_runs_here(len(gpus), max_ranks()))]
     print("\n".join(lines), file=out, flush=True)
     try:
         plan(backend, world_size)

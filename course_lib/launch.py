@@ -177,10 +177,11 @@ def _check_call(fn, args, kwargs) -> None:
         sig.bind(*args, **kwargs)
     except TypeError as exc:
         name = getattr(fn, "__name__", "fn")
+        given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
         raise LaunchError(
-            f"run() calls {name}{sig} on every rank with args={tuple(args)!r} and kwargs={kwargs!r} and passes no "
-            f"rank ({exc}): inside the function ask dist.get_rank() and dist.get_world_size(), and pass any other "
-            "input with args= or kwargs=."
+            f"run() calls {name}({given[:60]}) on every rank and passes no rank, but {name}{sig} cannot be called "
+            f"that way ({exc}): inside the function ask dist.get_rank() and dist.get_world_size(), and pass other "
+            "inputs with args= or kwargs=."
         ) from None
 
 

@@ -1,10 +1,10 @@
 """A persistent group of ranks that keeps each rank's variables between cells (notebooks/05b_collectives_cell_by_cell).
 
-Built on the course's rank server rather than ipyparallel: ipyparallel engines took about 10 s to be ready and
-held about 166 MB each, and an engine blocked in a C++ recv stayed dead after an interrupt; here a group starts in a
-fraction of a second (``python -m course_lib bench interactive``). The pieces: course_lib/rank_process.py (a rank's
-life cycle), course_lib/rank_channel.py (requests and replies), course_lib/cell_result.py (what a cell brought
-back) and course_lib/restart_policy.py (what a failure does to the group).
+Built on the course's rank server rather than ipyparallel: its engines each import torch when they start, and an
+engine blocked in a C++ recv could not be interrupted; here a group starts with a fork per rank, and the stop
+button restarts a group that is stuck (``python -m course_lib bench interactive`` measures start and round trip).
+The pieces: course_lib/rank_process.py (a rank's life cycle), course_lib/rank_channel.py (requests and replies),
+course_lib/cell_result.py (what a cell brought back), course_lib/restart_policy.py (what a failure does to the group).
 """
 
 from __future__ import annotations

@@ -15,28 +15,8 @@ import torch
 
 from course_lib import ranks_magic as magic
 from course_lib.interactive import CellFailed, Ranks
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def gone(pid: int, zombie_ok: bool = False) -> bool:
-    """True when no process has this pid (with zombie_ok: or only an exited one its new parent has not reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return zombie_ok and f.read().rsplit(") ", 1)[1][0] == "Z"
-    except OSError:
-        return True
-
-
-def wait_gone(pids, within: float = 10.0, zombie_ok: bool = False) -> list[int]:
-    end = time.monotonic() + within
-    while time.monotonic() < end and not all(gone(p, zombie_ok) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if not gone(p, zombie_ok)]
+from course_lib.protocol import CELL_SLACK_S
+from tests.conftest import ROOT, wait_gone
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +63,14 @@ def test_figure_comes_back_from_the_rank_that_draws(four):
     assert res.figures[1][0].startswith(b"\x89PNG")
 
 
-def test_failing_rank_is_named_and_waiting_peers_are_released_within_the_timeout():
+def test_failing_rank_is_named_and_waiting_peers_are_released_within_the_timeout(capsys):
     with Ranks(3, timeout=3) as group:
         group.run_cell("t = torch.ones(2)", show=False)
         t0 = time.monotonic()
         with pytest.raises(CellFailed) as info:
-            group.run_cell("if rank == 1:\n    raise ValueError('boom on one rank')\ndist.all_reduce(t)", show=False)
+            group.run_cell("if rank == 1:\n    raise ValueError('boom on one rank')\ndist.all_reduce(t)")
         waited = time.monotonic() - t0
+        assert "[course_lib] rank 1 failed; ranks 0 and 2 are still running." in capsys.readouterr().err
         err = info.value
         assert err.rank == 1 and err.failure.etype == "ValueError"
         assert type(err).__name__ == "ValueError"  # the cell shows the rank's exception type, like a local cell
@@ -98,10 +79,33 @@ def test_failing_rank_is_named_and_waiting_peers_are_released_within_the_timeout
         # Ranks 0 and 2 waited in all_reduce for rank 1; the 3 s timeout released them (not gloo's 30 min).
         assert sorted(o.rank for o in err.others) == [0, 2]
         assert all("Timed out" in o.message for o in err.others)
-        assert waited < 3 + 10
-        assert "restart" in str(err)
+        assert waited < 3 + CELL_SLACK_S  # released by the collective timeout, before the group's own deadline
+        # Their collectives timed out: gloo closed those connections, so the group is marked broken, and says so.
+        assert "ranks 0 and 2 gave up waiting in a collective" in repr(group) and "broken" in repr(group)
+        assert "The group is marked broken: %ranks restart (or .restart()) starts a fresh group" in str(err)
+        pids = group.pids
+        with pytest.raises(RuntimeError, match=r"the group cannot run cells \(ranks 0 and 2 gave up waiting"):
+            group.run_cell("print('never runs')")
+        assert group.pids == pids  # refused in the kernel, before any rank was asked
         group.restart()
         assert group.run_cell("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", show=False).values[2] == "3.0"
+
+
+def test_a_deadlocked_cell_names_the_rank_that_never_called_and_breaks_the_group():
+    with Ranks(2, timeout=2) as group:
+        with pytest.raises(CellFailed) as info:  # rank 0 receives; rank 1 never sends and finishes the cell
+            group.run_cell("t = torch.zeros(1)\nif rank == 0:\n    dist.recv(t, src=1)", show=False)
+        text = str(info.value)
+        assert text.startswith("rank 0 timed out after 2 s waiting in dist.recv: the peer it waited for never")
+        assert "Rank 1 had finished the cell." in text
+        assert "Look at rank 1, which had already finished the cell: it did not call the matching operation." in text
+        with pytest.raises(RuntimeError, match="rank 0 gave up waiting in a collective.*%ranks restart"):
+            group.run_cell("t")
+
+
+def test_the_kernels_cuda_state_never_reaches_a_persistent_rank(cuda_initialised_in_kernel):
+    with Ranks(2, timeout=10) as group:
+        assert group.run_cell("torch.cuda._initialized", show=False).values == {0: "False", 1: "False"}
 
 
 def test_a_dead_rank_breaks_the_group_until_restart():
@@ -132,7 +136,7 @@ def test_restart_ten_times_in_a_row():
     assert wait_gone(seen) == []
 
 
-def test_magic_commands():
+def test_magic_commands(capsys):
     magic.ranks_magic("start 2 --timeout 10")
     try:
         group = magic.current()
@@ -146,7 +150,11 @@ def test_magic_commands():
         assert wait_gone(pids) == []
         with pytest.raises(CellFailed, match="NameError"):
             magic.ranks_magic("", "a")  # a new group starts with empty namespaces
-        magic.ranks_magic("1 --catch", "a")  # --catch shows the failure and does not raise
+        capsys.readouterr()
+        assert magic.ranks_magic("1 --catch", "a") is None  # --catch shows the failure and does not raise
+        shown = capsys.readouterr().err
+        assert "rank 1 raised NameError: name 'a' is not defined" in shown and "Traceback of rank 1" in shown
+        assert "status" not in shown and "ready" in repr(magic.ranks_magic("status"))  # the group goes on
     finally:
         pids = magic.current().pids
         magic.ranks_magic("stop")

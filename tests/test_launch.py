@@ -1,27 +1,15 @@
-"""run(): values, output, environment and repeated launches, with functions defined the way a notebook defines them."""
+"""run(): values, output, environment and repeated launches, with functions defined the way a notebook defines them;
+requests refused before any process starts; what a rank gets from the kernel (and what it must not)."""
 
-import itertools
-import linecache
-import textwrap
+import socket
 
 import pytest
 import torch
 
 import course_lib
 from course_lib import LaunchError, RankFailed, run
-
-_CELLS = itertools.count(1)
-
-
-def notebook_function(src: str, name: str, **globals_):
-    """Define a function in a fake __main__, as a notebook cell does (cloudpickle must send it by value)."""
-    src = textwrap.dedent(src)
-    filename = f"<notebook cell {next(_CELLS)}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # as IPython does for cells
-    ns = {"__name__": "__main__", **globals_}
-    exec(compile(src, filename, "exec"), ns)
-    return ns[name]
-
+from tests.conftest import notebook_function
+from tests.gpu_plan import simulated_gpus_fixture  # noqa: F401  (registers the fixture "simulated_gpus")
 
 ALLREDUCE = notebook_function(
     """
@@ -178,3 +166,152 @@ def test_device_outside_a_launch_is_cpu():
 def test_bad_timeout_type_refused():
     with pytest.raises(LaunchError, match="timeout"):
         run(ALLREDUCE, 2, timeout="10")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+TUTORIAL = notebook_function(
+    """
+    import os, torch, torch.distributed as dist
+
+    def init_process(rank, size, fn, backend="gloo", port="29500"):
+        # The PyTorch tutorial's setup ("Writing Distributed Applications with PyTorch"), unchanged but for the port.
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = port
+        dist.init_process_group(backend, rank=rank, world_size=size)
+        return fn(rank, size)
+
+    def total(rank, size):
+        t = torch.tensor([rank + 1.0])
+        dist.all_reduce(t)
+        return t.item()
+
+    def tutorial(port):
+        return init_process(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), total, port=port)
+
+    def by_tcp(port):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+        return total(dist.get_rank(), dist.get_world_size())
+    """,
+    "tutorial",
+)
+
+
+def test_a_learners_own_rendezvous_works_under_init_false():
+    # A fixed port of the learner's choosing (free here, so that parallel test runs do not collide): rank 0 hosts
+    # the store on it, exactly as torch does without a launcher. The 10 s timeout is far below a hang's 60 s.
+    assert run(TUTORIAL, 2, args=(str(_free_port()),), init=False, timeout=10, output="none").values == [3.0, 3.0]
+    by_tcp = TUTORIAL.__globals__["by_tcp"]
+    assert run(by_tcp, 3, args=(_free_port(),), init=False, timeout=10, output="none").values == [6.0] * 3
+
+
+def _no_server(monkeypatch):
+    monkeypatch.setattr(course_lib.launch, "get_server", lambda *a: pytest.fail("a process was about to start"))
+
+
+def test_the_tutorials_rank_and_size_arguments_are_refused_in_one_sentence(monkeypatch):
+    _no_server(monkeypatch)
+    f = notebook_function("def run_fn(rank, size):\n    return rank\n", "run_fn")
+    with pytest.raises(LaunchError) as err:
+        run(f, 2)
+    text = str(err.value)
+    assert text.startswith("run() calls run_fn() on every rank and passes no rank, but run_fn(rank, size)")
+    assert "dist.get_rank() and dist.get_world_size()" in text and text.count(". ") == 0  # one sentence
+    with pytest.raises(LaunchError, match="passes no rank"):
+        run(lambda x: x, 2, args=(1, 2))
+
+
+def test_a_world_size_beyond_the_machine_is_refused_with_the_figures(monkeypatch):
+    from course_lib import machine_limits
+
+    _no_server(monkeypatch)
+    monkeypatch.setattr(machine_limits, "available_memory", lambda: 8 * 2**30)
+    monkeypatch.setattr(machine_limits, "open_files_limit", lambda: 1024)
+    with pytest.raises(LaunchError) as err:
+        run(ALLREDUCE, 1000)
+    text = str(err.value)
+    assert "world_size=1000 is more than this machine can hold" in text
+    assert "125.0 GiB of memory" in text and "8.0 GiB is available" in text  # 1000 x 128 MiB
+    assert "3064 open files in this kernel" in text and "may open 1024" in text  # 64 + 3 per rank
+    assert "Use at most 64 ranks" in text and "oversubscribe=True" in text  # 8 GiB / 128 MiB
+    from course_lib.interactive import Ranks
+
+    with pytest.raises(LaunchError, match="more than this machine can hold"):
+        Ranks(1000)
+
+
+def test_oversubscribe_starts_what_the_check_would_refuse(monkeypatch):
+    from course_lib import machine_limits
+
+    monkeypatch.setattr(machine_limits, "available_memory", lambda: 2 * machine_limits.RANK_MEMORY_BYTES)
+    with pytest.raises(LaunchError, match="Use at most 2 ranks"):
+        run(ALLREDUCE, 3, output="none")
+    assert run(ALLREDUCE, 3, output="none", oversubscribe=True).values == [6.0] * 3
+
+
+def test_native_windows_is_refused_with_wsl2(monkeypatch):
+    _no_server(monkeypatch)
+    monkeypatch.setattr(course_lib.machine_limits.sys, "platform", "win32")
+    for start in (lambda: run(ALLREDUCE, 2), lambda: course_lib.interactive.Ranks(2)):
+        with pytest.raises(LaunchError, match="Linux or macOS, or on Windows inside WSL2"):
+            start()
+
+
+LARGE = notebook_function(
+    """
+    import torch, torch.distributed as dist
+    def large(mb):
+        return torch.full((mb * 2**20 // 4,), float(dist.get_rank() + 1))
+    """,
+    "large",
+)
+
+
+def test_two_ranks_return_200_mb_each():
+    # Within a 60 s launch: reading results in 64 KiB appends took 199 s for one such result.
+    res = run(LARGE, 2, args=(200,), timeout=60, output="none")
+    for r, t in enumerate(res.values):
+        assert t.shape == (50 * 2**20,) and t.is_contiguous()
+        assert torch.equal(t[:: 2**16], torch.full((800,), r + 1.0)) and t[-1].item() == r + 1.0  # copies: exact
+
+
+def test_results_keep_dtype_shape_and_odd_tensors():
+    fn = notebook_function(
+        """
+        import torch
+        def odd():
+            base = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+            return {"view": base.T, "bf16": torch.ones(3, dtype=torch.bfloat16), "empty": torch.empty(0, 2),
+                    "scalar": torch.tensor(7), "grad": torch.ones(2, requires_grad=True) * 1,
+                    "module": torch.nn.Linear(2, 1), "conj": torch.tensor([1 + 2j]).conj()}
+        """,
+        "odd",
+    )
+    v = run(fn, 1, output="none").values[0]
+    assert torch.equal(v["view"], torch.arange(12, dtype=torch.float64).reshape(3, 4).T)
+    assert v["bf16"].dtype == torch.bfloat16 and v["empty"].shape == (0, 2) and v["scalar"].item() == 7
+    assert isinstance(v["module"].weight, torch.nn.Parameter) and v["module"].weight.requires_grad  # torch's way
+    assert torch.equal(v["conj"], torch.tensor([1 - 2j]))
+    assert not v["grad"].requires_grad  # run() detaches what a rank returns
+
+
+def test_the_kernels_cuda_state_never_reaches_a_rank(simulated_gpus, cuda_initialised_in_kernel):
+    # Two simulated GPUs: "auto" picks NCCL, one GPU per rank. init=False keeps NCCL itself out of a CPU machine;
+    # the ranks still get their devices, and torch.cuda in each is as fresh as in a new process.
+    simulated_gpus(2)
+    fn = notebook_function(
+        """
+        import os, torch
+        from course_lib import device
+        def where():
+            return str(device()), os.environ["LOCAL_RANK"], torch.cuda._initialized
+        """,
+        "where",
+    )
+    res = run(fn, 2, init=False, output="none")
+    assert res.backend == "nccl" and res.values == [("cuda:0", "0", False), ("cuda:1", "1", False)]

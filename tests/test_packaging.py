@@ -57,11 +57,6 @@ def test_ci_runs_exactly_the_readme_install_and_test_commands():
     assert _commands(quick) == _commands(ci) == ['pip install "torch==2.13.0" -e ".[test]"', "pytest"]
 
 
-def test_every_top_level_piece_of_the_design_exists():
-    for path in ("notebooks", "course_lib", "data", "tests", "environment.yml", "README.md", "pyproject.toml"):
-        assert (ROOT / path).exists(), path
-
-
 def test_glossary_rows_are_complete_and_unique():
     import csv
 

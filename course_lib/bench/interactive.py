@@ -1,8 +1,7 @@
 """Interactive ranks: cell round trip and group start, side by side with the one-shot launcher's cold and warm launch.
 
-Run with ``python -m course_lib bench interactive``. Targets (issue 10): a trivial cell on 4 ranks (all_reduce of a
-small tensor and a print) has a median round trip of at most 50 ms. REFERENCE.md's figures for existing tools on
-the build machine: ipyparallel %%px 0.024 s per cell but 9.7 s to be ready; ZMQ workers 0.115 s per cell.
+Run with ``python -m course_lib bench interactive``. Target: a trivial cell on 4 ranks (all_reduce of a small tensor
+and a print) has a median round trip of at most 50 ms, so that a %%ranks cell feels like a local one.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ CELL = "t = torch.ones(4)\ndist.all_reduce(t)\nprint(rank, t[0].item())"
 def time_group_cold(world_size: int) -> float:
     """A fresh kernel's first group: starts the rank server (one torch import), then forks and joins the ranks."""
     from course_lib import _forkserver
-    from course_lib.interactive import Ranks
+    from course_lib.persistent_ranks import Ranks
 
     _forkserver.shutdown()
     t0 = time.perf_counter()
@@ -30,7 +29,7 @@ def time_group_cold(world_size: int) -> float:
 
 def time_group_start(world_size: int, reps: int) -> list[float]:
     """Warm starts: fork the ranks from the running server and wait until each has joined the process group."""
-    from course_lib.interactive import Ranks
+    from course_lib.persistent_ranks import Ranks
 
     times = []
     for _ in range(reps):
@@ -43,7 +42,7 @@ def time_group_start(world_size: int, reps: int) -> list[float]:
 
 def time_cells(world_size: int, reps: int, warmup: int = 5) -> list[float]:
     """Round trip of the trivial cell, as %%ranks runs it (send, exec on every rank, replies, output collected)."""
-    from course_lib.interactive import Ranks
+    from course_lib.persistent_ranks import Ranks
 
     with Ranks(world_size) as group:
         for _ in range(warmup):
