@@ -35,8 +35,9 @@ CELL_SLACK_S = 10.0
 # After the first failure, the other ranks may still report their own error during this grace (the teaching
 # mode raises on every rank within milliseconds); then they are stopped.
 STOP_GRACE_S = 0.3
-# SIGTERM first (Python unwinds, C++ destructors run), SIGKILL this much later: a rank blocked inside a C++
-# collective may not act on SIGTERM at all.
+# SIGTERM first (the polite signal: a rank's code may handle it to clean up), SIGKILL this much later for a rank
+# that handles or ignores it. SIGINT is not enough: a rank blocked in a C++ collective never returns to Python to
+# act on it.
 TERM_TO_KILL_S = 1.0
 # After SIGKILL the kernel waits this long for the server to report each exit (a process in uninterruptible
 # sleep can take a moment); past it the launch gives up waiting rather than hang the cell.

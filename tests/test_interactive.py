@@ -101,6 +101,9 @@ def test_a_deadlocked_cell_names_the_rank_that_never_called_and_breaks_the_group
         assert "Look at rank 1, which had already finished the cell: it did not call the matching operation." in text
         with pytest.raises(RuntimeError, match="rank 0 gave up waiting in a collective.*%ranks restart"):
             group.run_cell("t")
+        group.broken = ""  # why the group is marked broken: gloo closed the pair that timed out
+        with pytest.raises(CellFailed, match="Application timeout caused pair closure"):
+            group.run_cell("dist.all_reduce(torch.ones(1))", show=False)
 
 
 def test_the_kernels_cuda_state_never_reaches_a_persistent_rank(cuda_initialised_in_kernel):
