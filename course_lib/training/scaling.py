@@ -4,8 +4,9 @@
 
 Each point is a real run on this machine: PS = 1 server + n workers (sync), ring = n ranks with one bucket of the
 whole model all-reduced by the course ring (point-to-point, so the link emulation applies to both). The
-projection adds the cost model's time on the link (projection.py) to the same run without emulation (compute and
-this machine's own localhost messages); the error column is (measured - projected) / measured.
+projection adds the cost model's time on the link (projection.py; the PS push then pull, as ps_train's server works)
+to the same run without emulation (compute and this machine's own localhost messages); the error column is
+(measured - projected) / measured.
 """
 
 from __future__ import annotations
