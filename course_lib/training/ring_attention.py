@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -61,7 +62,7 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
     rank's blocks; the pair (k, v) goes to rank+1 and comes from rank-1 at every step. overlap=False waits for the
     next block before computing (the naive order). link (netem.Link): the transfer that started with the step is
     made to last alpha + bytes/B before its wait returns, as on a real link running beside the compute. stats, if
-    given, gets the blocks computed and the messages sent."""
+    given, gets the blocks computed, the messages sent, and per step (whose block, computed or skipped)."""
     rank, p = dist.get_rank(), dist.get_world_size()
     seq = len(q) * p
     q_pos = positions(rank, p, seq, layout)
@@ -71,6 +72,7 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
     m = torch.full((len(q),), float("-inf"), dtype=q.dtype, device=q.device)
     den = torch.zeros(len(q), dtype=q.dtype, device=q.device)
     computed = messages = 0
+    trace = []
     for step in range(p):
         src = (rank - step) % p                      # whose keys and values I hold now
         nxt, reqs, t0 = None, [], time.perf_counter()
@@ -87,13 +89,16 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
         if not causal or not torch.isinf(s).all():   # a block entirely in the future adds nothing
             m = online_update(o, m, den, s, kv[1])
             computed += 1
+            trace.append((src, True))
+        else:
+            trace.append((src, False))
         del s
         if overlap and reqs:
             _wait(reqs, link, kv, t0)
         if nxt is not None:
             kv = nxt
     if stats is not None:
-        stats.update(blocks=computed, messages=messages)
+        stats.update(blocks=computed, messages=messages, steps=trace)
     return o / den[:, None]
 
 
@@ -113,10 +118,10 @@ def traffic_formula(seq: int, d: int, p: int, elem: int) -> int:
 
 def memory_formula(seq: int, d: int, p: int, elem: int) -> int:
     """Bytes a rank must hold at once beyond its inputs: the scaled queries and the output (c x d each), the K/V
-    pair it computes with and the one arriving (2 x 2 c d), the c x c score block; c = S/p. Row vectors (the
-    running max and sum, O(c)) come on top. Full attention on one device: S x S scores, the same formula at p=1."""
+    pair it computes with and, when p > 1, the one arriving (2 c d each), the c x c score block; c = S/p. Row
+    vectors (the running max and sum, O(c)) come on top. At p = 1 this is one-process attention done blockwise."""
     c = seq // p
-    return (2 * c * d + 4 * c * d + c * c) * elem
+    return (2 * c * d + (4 if p > 1 else 2) * c * d + c * c) * elem
 
 
 def causal_pairs(seq: int, p: int, layout: str) -> list[int]:
@@ -124,16 +129,18 @@ def causal_pairs(seq: int, p: int, layout: str) -> list[int]:
     return [int(sum(int(t) + 1 for t in positions(r, p, seq, layout))) for r in range(p)]
 
 
-def overlap_model(c, d: int, flops: float, bandwidth: float, elem: int, alpha: float = 0.0) -> dict:
-    """One ring step for blocks of c tokens: compute 4 c^2 d / flops (two matmuls, 2 FLOPs per multiply-add),
-    transfer alpha + 2 c d elem / bandwidth (K and V); with overlap the step takes the larger, without the sum."""
+def overlap_model(c, d: int, flops: float, bandwidth: float, elem: int, alpha: float = 0.0,
+                  kv_fraction: float = 1.0) -> dict:
+    """One ring step for blocks of c tokens and attention width d: compute 4 c^2 d / flops (q k^T and p v, 2 FLOPs
+    per multiply-add), transfer alpha + 2 c (kv_fraction d) elem / bandwidth (K and V; kv_fraction < 1 with
+    grouped-query attention, whose K/V heads are fewer than its query heads). With overlap a step takes the larger."""
     compute = 4 * c * c * d / flops
-    transfer = alpha + 2 * c * d * elem / bandwidth
-    return {"compute": compute, "transfer": transfer, "overlapped": max(compute, transfer),
+    transfer = alpha + 2 * c * d * kv_fraction * elem / bandwidth
+    return {"compute": compute, "transfer": transfer, "overlapped": np.maximum(compute, transfer),
             "serial": compute + transfer}
 
 
-def crossover(flops: float, bandwidth: float, elem: int) -> float:
-    """Block length c at which compute 4 c^2 d / F equals transfer 2 c d elem / B (alpha = 0): c = elem F / (2 B).
-    In bf16 (elem = 2) that is F / B, Liu et al. 2023's condition (section 3): block size >= FLOPS / bandwidth."""
-    return elem * flops / (2 * bandwidth)
+def crossover(flops: float, bandwidth: float, elem: int, kv_fraction: float = 1.0) -> float:
+    """Block length c at which compute 4 c^2 d / F equals transfer 2 c d f elem / B (alpha = 0): c = f elem F / (2B).
+    In bf16 (elem = 2) without GQA that is F / B, Liu et al. 2023's condition (section 3): block size >= F / B."""
+    return kv_fraction * elem * flops / (2 * bandwidth)

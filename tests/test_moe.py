@@ -1,0 +1,107 @@
+"""Mixture of experts and expert parallelism (notebook 15): routing with a capacity, the expert-parallel forward equal
+to the single-process layer (float64, to the reordering bound of training/tolerance.py) at 2 and 4 ranks with top-1
+and top-2, the bytes each all-to-all moved equal the formula exactly, the load-balancing loss balancing a router,
+and the dispatch checker rejecting a wrong dispatch with a message that says what is wrong."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import run
+from course_lib.checks.core import ExerciseFailed
+from course_lib.checks.expert_parallel import check_dispatch
+from course_lib.measure.alltoall_log import AllToAllLog
+from course_lib.training.moe import MoE, aux_loss, capacity, ep_bytes_formula, ep_forward, experts_of, route
+from course_lib.training.tolerance import max_diff, sum_atol
+from tests.conftest import notebook_function
+
+CASES = [(1, 1.0), (2, 1.25), (1, None), (2, 1.0)]      # (k, capacity factor)
+
+
+def _tokens(rank, d=8):
+    return torch.randn(20 + 5 * rank, d, generator=torch.Generator().manual_seed(50 + rank), dtype=torch.float64)
+
+
+def _ep():
+    out = []
+    for k, cf in CASES:
+        layer = MoE(k=k, capacity_factor=cf, n_experts=4)
+        with AllToAllLog() as log:
+            y = ep_forward(_tokens(dist.get_rank()), layer)
+        out.append((y, log.sent, log.received, [c.to for c in log.calls]))
+    return out
+
+
+def test_routing_serves_first_choices_first_and_drops_over_capacity():
+    logits = torch.tensor([[5.0, 4.0, 0.0], [5.0, 0.0, 4.0], [5.0, 4.0, 0.0], [0.0, 5.0, 4.0]])
+    r = route(logits, k=2, capacity_factor=0.75)          # capacity ceil(0.75 * 4 * 2 / 3) = 2
+    assert r.capacity == capacity(4, 3, 2, 0.75) == 2
+    # first choices: e0 <- tokens 0, 1 and 2 (over capacity), e1 <- token 3; then the second choices: e1 <- token 0
+    # (its 2nd), e2 <- token 1, e1 <- token 2 (over capacity: e1 is full), e2 <- token 3
+    kept = sorted(zip(r.token.tolist(), r.expert.tolist()))
+    assert kept == [(0, 0), (0, 1), (1, 0), (1, 2), (3, 1), (3, 2)] and r.dropped == 2
+    assert torch.allclose(r.weight[:2], r.probs[[0, 1], 0] / (r.probs[[0, 1], 0] + r.probs[[0, 1], [1, 2]]))
+    top1 = route(logits, k=1, capacity_factor=None)
+    assert top1.dropped == 0 and torch.equal(top1.weight, top1.probs.max(-1).values)
+    uniform = torch.full((6, 3), 1 / 3)
+    assert aux_loss(uniform, torch.tensor([0, 1, 2, 0, 1, 2])).item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="do not split over 3 ranks"):
+        experts_of(0, 4, 3)
+
+
+def test_expert_parallel_forward_equals_the_layer_and_moves_the_formula_bytes():
+    for p in (2, 4):
+        res = run(_ep, world_size=p, output="none", timeout=60)
+        for i, (k, cf) in enumerate(CASES):
+            layer = MoE(k=k, capacity_factor=cf, n_experts=4)
+            routings = [layer.route(_tokens(r)) for r in range(p)]
+            formula = ep_bytes_formula(routings, 4, 8, 8)
+            for r, v in enumerate(res.values):
+                y, sent, received, calls = v[i]
+                # sums of <= 8 + 16 float64 products of size < 10, in another order
+                assert max_diff(y, layer(_tokens(r))) < sum_atol(24, 240.0, torch.float64), (p, k, cf, r)
+                assert sent == formula[r]["total"] and len(calls) == 3
+                assert sum(calls[1]) - calls[1][r] == formula[r]["dispatch"]
+                assert sum(calls[2]) - calls[2][r] == formula[r]["combine"]
+            # every byte sent is received by someone
+            assert sum(v[i][1] for v in res.values) == sum(v[i][2] for v in res.values)
+
+
+def test_the_load_balancing_loss_keeps_the_router_from_collapsing():
+    from course_lib.training.moe import train_router
+    alone, balanced = train_router(0.0, steps=100), train_router(0.1, steps=100)
+    assert max(alone["after"]) * 8 > 3 and max(balanced["after"]) * 8 < 1.5
+    assert sum(balanced["after"]) == pytest.approx(1.0)
+
+
+RIGHT = """
+def dispatch(x, expert, n_experts):
+    p = dist.get_world_size()
+    order = expert.argsort(stable=True)
+    counts = torch.bincount(expert, minlength=n_experts)
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts)
+    send = counts.view(p, -1).sum(1).tolist()
+    recv = recv_counts.view(p, -1).sum(1).tolist()
+    rows = x.new_empty(sum(recv), x.shape[1])
+    dist.all_to_all_single(rows, x[order], recv, send)
+    return rows, recv_counts.view(p, -1)
+"""
+
+UNSORTED = RIGHT.replace("x[order]", "x")                                   # rows not grouped by destination
+GATHER = """
+def dispatch(x, expert, n_experts):
+    parts = [torch.empty(100, 2) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, torch.zeros(100, 2))
+    return x, None
+"""
+
+
+def test_dispatch_checker_passes_the_right_answer_and_names_what_is_wrong(capsys):
+    g = {"torch": torch, "dist": dist}
+    check_dispatch(notebook_function(RIGHT, "dispatch", **g))
+    assert "PASS Exercise 15.2" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="received rows"):
+        check_dispatch(notebook_function(UNSORTED, "dispatch", **g))
+    with pytest.raises(ExerciseFailed, match="all_gather is switched off"):
+        check_dispatch(notebook_function(GATHER, "dispatch", **g))
