@@ -105,6 +105,8 @@ def test_llama_65b_gpu_hours_from_6nd_within_15_percent():
     for name, r in rows.items():
         assert abs(r["error"]) < 0.15, (name, r["error"])
     assert 0.45 < r65["mfu"] < 0.50  # 148.7 of 312 bf16 TFLOP/s on an A100
+    # 65B's own rate is the input: only the other three runs test the model
+    assert [n for n, r in rows.items() if r["used_to_fit"]] == ["LLaMA-65B"]
 
 
 def test_llama_65b_wall_clock_is_about_21_days():
@@ -129,6 +131,22 @@ def test_speedup_ratio_falls_as_devices_grow():
     assert ratios[0] == 1.0
     assert all(x > y for x, y in zip(ratios, ratios[1:]))
     assert all(c["speed"] <= c["devices"] * c["single_device_speed"] for c in curve)
+
+
+def test_weak_and_strong_scaling_by_hand():
+    c, n, a, b = 0.01, 1e9, 1e-5, 1 / 25e9      # 10 ms per sequence, 1 GB of gradients
+    comm = costmodel.ring_allreduce(64, n, a, b)
+    weak = hw.scaling(64, c, n, a, b, seqs_per_gpu=8)
+    assert weak["speedup"] == pytest.approx(64 * 8 * c / (8 * c + comm))
+    strong = hw.scaling(64, c, n, a, b, global_batch=2048)
+    assert strong["seqs_per_gpu"] == 32 and strong["speedup"] == pytest.approx(2048 * c / (32 * c + comm))
+    # fixed global batch: compute per step shrinks with p, the all-reduce does not, so efficiency collapses
+    eff = [hw.scaling(p, c, n, a, b, global_batch=2048)["efficiency"] for p in (2, 16, 256, 2048)]
+    assert all(x > y for x, y in zip(eff, eff[1:])) and eff[-1] < 0.5
+    assert hw.scaling(2048, c, n, a, b, global_batch=2048)["fits"] and not hw.scaling(4096, c, n, a, b,
+                                                                                        global_batch=2048)["fits"]
+    with pytest.raises(ValueError):
+        hw.scaling(8, c, n, a, b)
 
 
 # ----------------------------------------------------------------------------- transfer time

@@ -12,27 +12,36 @@ PART_COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a8
 
 
 def memory_bars(bars: dict, gpu_memory_GB: dict, title: str = "memory wall"):
-    """Stacked bars in GB: bars = {label: {part: bytes}}; a vertical line per GPU memory size {label: GB}."""
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(bars) + 1.4), dpi=100)
+    """Stacked bars in GB on a linear axis (parts keep their true proportions): bars = {label: {part: bytes}};
+    a dashed vertical line per GPU memory size {label: GB}, named in the legend below the plot (never over a bar)."""
     labels = list(bars)
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(bars) + 2.1), dpi=100)
+    biggest = max(sum(v for k, v in parts.items() if k != "total") for parts in bars.values()) / 1e9
+    drawn = set()
     for i, lab in enumerate(labels):
         left = 0.0
         for part, nbytes in bars[lab].items():
             if part == "total":
                 continue
-            ax.barh(i, nbytes / 1e9, left=left, color=PART_COLORS.get(part, "gray"),
-                    label=part if i == 0 or part not in ax.get_legend_handles_labels()[1] else None)
-            left += nbytes / 1e9
+            gb = nbytes / 1e9
+            ax.barh(i, gb, left=left, height=0.6, color=PART_COLORS.get(part, "gray"),
+                    label=part if part not in drawn else None)
+            drawn.add(part)
+            if gb > 0.09 * biggest:  # a part wide enough to carry its own number
+                ax.text(left + gb / 2, i, f"{gb:,.0f}", ha="center", va="center", fontsize=7, color="white")
+            left += gb
         ax.text(left, i, f" {left:,.0f} GB", va="center", fontsize=8)
-    for name, gb in gpu_memory_GB.items():
-        ax.axvline(gb, color="black", ls="--", lw=1)
-        ax.text(gb, len(labels) - 0.5, f"{name} ", fontsize=7, rotation=90, ha="right", va="top")
+    for (name, gb), style in zip(gpu_memory_GB.items(), ("--", "-.", ":", (0, (5, 1)))):
+        ax.axvline(gb, color="black", ls=style, lw=1.2, label=f"{name}: {gb:g} GB")
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("GB (log scale)")
+    ax.invert_yaxis()
+    ax.set_xlim(0, biggest * 1.2)
+    ax.set_xlabel("GB (linear scale)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, names = ax.get_legend_handles_labels()
+    legend_in = 0.2 * ((len(handles) + 2) // 3) + 0.1        # inches the legend rows need under the axes
+    fig.legend(handles, names, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
     return fig
 
 
@@ -43,11 +52,13 @@ def gpu_hours_bars(rows: list[dict], title: str = "GPU-hours: published vs 6ND a
     ax.bar([i - 0.2 for i in x], [r["published_gpu_hours"] / 1e3 for r in rows], 0.4, label="published")
     ax.bar([i + 0.2 for i in x], [r["predicted_gpu_hours"] / 1e3 for r in rows], 0.4, label="6ND prediction")
     for i, r in zip(x, rows):
-        ax.text(i + 0.2, r["predicted_gpu_hours"] / 1e3, f"{r['error']:+.0%}", ha="center", va="bottom", fontsize=8)
+        note = "rate taken\nfrom this run" if r.get("used_to_fit") else f"{r['error']:+.0%}"
+        ax.text(i + 0.2, r["predicted_gpu_hours"] / 1e3, note, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), [r["name"] for r in rows], fontsize=8)
     ax.set_ylabel("thousand GPU-hours")
+    ax.set_ylim(0, max(max(r["published_gpu_hours"], r["predicted_gpu_hours"]) for r in rows) / 1e3 * 1.2)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 
@@ -86,5 +97,38 @@ def seconds_bars(items: dict, title: str, xlabel: str = "seconds (log scale)", h
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def scaling_plot(weak: list[dict], strong: list[dict], batch_limit: float | None = None,
+                 title: str = "data parallelism: weak vs strong scaling"):
+    """Speed-up over one device (left) and parallel efficiency (right) against devices, for weak-scaling rows
+    (a fixed batch per device) and strong-scaling rows (a fixed global batch), from course_lib.hardware.scaling."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.3), dpi=100)
+    ps = [c["devices"] for c in weak]
+    a1.plot(ps, ps, "k--", lw=1, label="ideal")
+    for rows, name, color in ((weak, "weak: fixed batch per GPU", "#4c72b0"),
+                              (strong, "strong: fixed global batch", "#c44e52")):
+        ok = [c for c in rows if c.get("fits", True)]
+        a1.plot([c["devices"] for c in ok], [c["speedup"] for c in ok], "o-", color=color, ms=4, label=name)
+        a2.plot([c["devices"] for c in ok], [c["efficiency"] for c in ok], "o-", color=color, ms=4, label=name)
+    ticks = [p for p in ps if p in (1, 4, 16, 64, 256, 1024, 4096)]
+    for ax in (a1, a2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(p) for p in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("devices")
+        ax.grid(alpha=0.3, which="both")
+        if batch_limit:
+            ax.axvline(batch_limit, color="grey", ls=":", lw=1)
+    if batch_limit:
+        a2.text(batch_limit, 0.03, "one sequence\nper GPU ", fontsize=7, color="grey", va="bottom", ha="right")
+    a1.set_yscale("log")
+    a1.set_ylabel("speed-up over one device")
+    a1.legend(fontsize=7)
+    a2.set_ylim(0, 1.05)
+    a2.set_ylabel("efficiency = speed-up / devices")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
