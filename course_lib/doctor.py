@@ -48,13 +48,17 @@ def what_runs_here(gpus: int, most_ranks: int | None) -> list[str]:
 
 
 def _python() -> str:
-    """The interpreter, relative to the current folder when it lives below it (a project's .venv)."""
+    """The interpreter, relative to the course's folder or the current one when it lives below it (a .venv)."""
     exe = sys.executable
-    try:
-        rel = os.path.relpath(exe)
-    except ValueError:
-        return exe
-    return rel if not rel.startswith("..") else exe
+    course = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for base in (course, os.getcwd()):
+        try:
+            rel = os.path.relpath(exe, base)
+        except ValueError:  # another drive
+            continue
+        if not rel.startswith(".."):
+            return rel
+    return exe
 
 
 def _topology() -> str:

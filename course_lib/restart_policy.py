@@ -34,9 +34,10 @@ def after_cell(failures, stuck: list[int], timeout: float, slack: float) -> Verd
     timed_out = sorted(f.rank for f in failures
                        if f.etype != "KeyboardInterrupt" and any(sign in f.message for sign in BROKEN_BY))
     if timed_out:
+        its = "its tensor" if len(timed_out) == 1 else "their tensors"
         return Verdict(
             broken=f"{names(timed_out)} gave up waiting in a collective, and gloo closed those connections",
-            note=(f"{names(timed_out).capitalize()} gave up waiting in a collective: its tensor may hold a partial "
+            note=(f"{names(timed_out).capitalize()} gave up waiting in a collective: {its} may hold a partial "
                   "result, and gloo closes its connections after a timeout, so this group's collectives would fail "
                   "from now on. The group is marked broken: " + RESTART))
     if failures:
