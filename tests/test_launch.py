@@ -1,7 +1,10 @@
 """run(): values, output, environment and repeated launches, with functions defined the way a notebook defines them;
 requests refused before any process starts; what a rank gets from the kernel (and what it must not)."""
 
+import gc
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -315,3 +318,20 @@ def test_the_kernels_cuda_state_never_reaches_a_rank(simulated_gpus, cuda_initia
     )
     res = run(fn, 2, init=False, output="none")
     assert res.backend == "nccl" and res.values == [("cuda:0", "0", False), ("cuda:1", "1", False)]
+
+
+def test_the_rank_server_preloads_dynamo_only_for_kernels_that_will_use_it():
+    from course_lib.rank_process import rank_preloads
+
+    code = "from course_lib.rank_process import rank_preloads; print(rank_preloads())"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert plain.stdout.strip() == "()", plain.stderr  # a kernel that uses none of them starts its server fast
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountCalls(TorchDispatchMode):  # a learner's own dispatch mode, as CommLog is one
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert rank_preloads() == ("torch._dynamo",)
+    del CountCalls
+    gc.collect()
