@@ -24,7 +24,22 @@ def test_server_every_gpu_on_nvswitch_and_a_pcie_path_to_a_cpu_and_nic():
         kinds = {d["nodes"][n]["kind"] for n in _neighbours(d, sw)}
         assert {"cpu", "nic", "gpu"} <= kinds
     assert sum(v["kind"] == "cpu" for v in d["nodes"].values()) == 2
-    assert sum(v["kind"] == "nic" for v in d["nodes"].values()) == 4
+    # one compute NIC per GPU (DGX A100: 8 x 200 Gb/s), beside its GPU on the same PCIe switch
+    assert sum(v["kind"] == "nic" for v in d["nodes"].values()) == 8
+    for g in range(8):
+        assert _neighbours(d, f"nic{g}") & _neighbours(d, f"gpu{g}")
+
+
+@pytest.mark.parametrize("over", [1, 3])
+def test_rail_optimized_wiring_and_oversubscription(over):
+    d = t.rail_optimized(n_servers=3, gpus_per_server=4, oversubscription=over)
+    for g in range(4):   # rail g: GPU g of every server, and nothing else, below leaf g
+        assert _neighbours(d, f"leaf{g}") - {f"spine{k}" for k in range(3)} == {f"s{s}g{g}" for s in range(3)}
+        ups = [e for e in d["edges"] if e["kind"] == "uplink" and f"leaf{g}" in (e["a"], e["b"])]
+        assert len(ups) == 3 // over               # downlinks / uplinks = the oversubscription ratio
+    assert ("non-blocking" in d["title"]) == (over == 1)
+    with pytest.raises(ValueError):
+        t.rail_optimized(n_servers=3, oversubscription=2)
 
 
 def test_rack_and_cluster_wiring():
@@ -45,7 +60,8 @@ def test_ps_vs_decentralized():
     assert not any(v["kind"] == "ps" for v in ring["nodes"].values())
 
 
-@pytest.mark.parametrize("desc", [t.server_8gpu(), t.rack(), t.cluster(), t.parameter_server(), t.decentralized()])
+@pytest.mark.parametrize("desc", [t.server_8gpu(), t.rack(), t.cluster(), t.parameter_server(), t.decentralized(),
+                                  t.rail_optimized(), t.rail_optimized(oversubscription=3)])
 def test_every_description_draws(desc):
     ax = t.draw(desc)
     n_boxes = len(ax.patches) - len(desc.get("groups", []))
@@ -57,4 +73,7 @@ def test_every_description_draws(desc):
 def test_side_by_side():
     fig = t.draw_side_by_side(t.parameter_server(), t.decentralized())
     assert len(fig.axes) == 2
+    plt.close(fig)
+    fig = t.draw_side_by_side(t.rail_optimized(), t.rail_optimized(oversubscription=3), rows=2)
+    assert len(fig.axes) == 2 and fig.axes[0].get_position().y0 > fig.axes[1].get_position().y0
     plt.close(fig)

@@ -26,20 +26,21 @@ def _node(kind, label, x, y, w=0.7):
 
 def server_8gpu(nvlink_label: str = "NVLink via NVSwitch", pcie_label: str = "PCIe",
                 nic_label: str = "NIC to the network", name: str = "one 8-GPU server (HGX/DGX style)") -> dict:
-    """8 GPUs all-to-all through NVSwitch; pairs of GPUs and one NIC per PCIe switch; 4 switches on 2 CPUs."""
+    """8 GPUs all-to-all through NVSwitch; one compute NIC per GPU (DGX A100: 8 x 200 Gb/s, DGX H100: 8 x 400 Gb/s),
+    a GPU pair and its two NICs on each PCIe switch; 4 switches on 2 CPUs."""
     nodes, edges = {}, []
-    nodes["cpu0"], nodes["cpu1"] = _node("cpu", "CPU 0", 2.0, 4, 1.2), _node("cpu", "CPU 1", 6.0, 4, 1.2)
-    nodes["net"] = _node("tor", "to the top-of-rack switch", 3.5, 4.9, 8.0)
+    nodes["cpu0"], nodes["cpu1"] = _node("cpu", "CPU 0", 1.5, 3.55, 0.85), _node("cpu", "CPU 1", 5.5, 3.55, 0.85)
+    nodes["net"] = _node("tor", "to the network: one leaf switch per NIC (a rail)", 3.5, 5.1, 8.0)
     edges.append({"a": "cpu0", "b": "cpu1", "kind": "cpu_link"})
     for i in range(4):
-        sw, nic = f"sw{i}", f"nic{i}"
-        nodes[sw] = _node("pcie_switch", "PCIe sw", 2 * i + 0.2, 3, 0.8)
-        nodes[nic] = _node("nic", "NIC", 2 * i + 1.05, 3.45, 0.55)
-        edges += [{"a": f"cpu{i // 2}", "b": sw, "kind": "pcie"}, {"a": sw, "b": nic, "kind": "pcie"},
-                  {"a": nic, "b": "net", "kind": "network"}]
+        sw = f"sw{i}"
+        nodes[sw] = _node("pcie_switch", "PCIe sw", 2 * i + 0.5, 2.9, 0.8)
+        edges.append({"a": f"cpu{i // 2}", "b": sw, "kind": "pcie"})
         for g in (2 * i, 2 * i + 1):
+            nodes[f"nic{g}"] = _node("nic", f"NIC {g}", g, 4.2, 0.7)
             nodes[f"gpu{g}"] = _node("gpu", f"GPU {g}", g, 1.8, 0.8)
-            edges.append({"a": sw, "b": f"gpu{g}", "kind": "pcie"})
+            edges += [{"a": sw, "b": f"nic{g}", "kind": "pcie"}, {"a": f"nic{g}", "b": "net", "kind": "network"},
+                      {"a": sw, "b": f"gpu{g}", "kind": "pcie"}]
     nodes["nvswitch"] = _node("nvswitch", "NVSwitch (all-to-all)", 3.5, 0.6, 8.0)
     edges += [{"a": f"gpu{g}", "b": "nvswitch", "kind": "nvlink"} for g in range(8)]
     return {"title": name, "nodes": nodes, "edges": edges, "groups": [],
@@ -80,6 +81,37 @@ def cluster(n_racks: int = 3, servers_per_rack: int = 3, n_spines: int = 2, gpus
     return {"title": f"a cluster: {n_racks} racks of {servers_per_rack} servers ({gpus_per_server} GPUs each) "
                      f"joined by {n_spines} spine switches", "nodes": nodes,
             "edges": edges, "groups": groups, "legend": {"network": server_link_label, "uplink": uplink_label}}
+
+
+def rail_optimized(n_servers: int = 3, gpus_per_server: int = 4, oversubscription: int = 1,
+                   nic_label: str = "each GPU's NIC to its rail's leaf", uplink_label: str = "leaf to spine") -> dict:
+    """A rail-optimized two-level fabric: NIC i of every server goes to leaf switch i (rail i), and every leaf has
+    n_servers / oversubscription uplinks spread over the spines (1 = non-blocking: as much up as down)."""
+    if n_servers % oversubscription:
+        raise ValueError("oversubscription must divide the servers per leaf (downlinks / uplinks)")
+    nodes, edges, groups = {}, [], []
+    uplinks = n_servers // oversubscription
+    width = n_servers * (gpus_per_server + 1) - 1
+    for s in range(n_servers):
+        x0 = s * (gpus_per_server + 1)
+        members = []
+        for g in range(gpus_per_server):
+            gid = f"s{s}g{g}"
+            nodes[gid] = _node("gpu", f"GPU{g}", x0 + g, 0, 0.85)
+            members.append(gid)
+        groups.append({"label": f"server {s}", "members": members})
+    for g in range(gpus_per_server):
+        leaf = f"leaf{g}"
+        nodes[leaf] = _node("tor", f"leaf {g} = rail {g}", (g + 0.5) * (width + 1) / gpus_per_server - 0.5, 2.4, 2.0)
+        edges += [{"a": f"s{s}g{g}", "b": leaf, "kind": "network"} for s in range(n_servers)]
+    for k in range(uplinks):
+        nodes[f"spine{k}"] = _node("spine", f"spine {k}", (k + 0.5) * (width + 1) / uplinks - 0.5, 4.4, 1.3)
+    for g in range(gpus_per_server):
+        edges += [{"a": f"leaf{g}", "b": f"spine{k}", "kind": "uplink"} for k in range(uplinks)]
+    kind = "non-blocking (1:1)" if oversubscription == 1 else f"oversubscribed {oversubscription}:1"
+    return {"title": f"rail-optimized, {kind}: every leaf has {n_servers} links down and {uplinks} up",
+            "nodes": nodes, "edges": edges, "groups": groups,
+            "legend": {"network": nic_label, "uplink": uplink_label}}
 
 
 def parameter_server(n_workers: int = 4, n_servers: int = 1) -> dict:
@@ -147,10 +179,11 @@ def draw(desc: dict, ax=None, box_h: float = 0.42):
     return ax
 
 
-def draw_side_by_side(*descs, figsize=(9, 3.2)):
-    """Several descriptions in one row (e.g. parameter server vs decentralized); returns the figure."""
-    fig, axes = plt.subplots(1, len(descs), figsize=figsize, dpi=100)
-    for d, ax in zip(descs, [axes] if len(descs) == 1 else axes):
+def draw_side_by_side(*descs, figsize=(9, 3.2), rows: int = 1):
+    """Several descriptions in one row, or stacked (rows=len(descs)); returns the figure."""
+    fig, axes = plt.subplots(rows, len(descs) // rows, figsize=figsize, dpi=100)
+    axes = getattr(axes, "flat", axes)
+    for d, ax in zip(descs, [axes] if len(descs) == 1 else list(axes)):
         draw(d, ax)
     fig.tight_layout()
     return fig
