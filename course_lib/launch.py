@@ -179,9 +179,9 @@ def _check_call(fn, args, kwargs) -> None:
         name = getattr(fn, "__name__", "fn")
         given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
         raise LaunchError(
-            f"run() calls {name}({given[:60]}) on every rank and passes no rank, but {name}{sig} cannot be called "
-            f"that way ({exc}): inside the function ask dist.get_rank() and dist.get_world_size(), and pass other "
-            "inputs with args= or kwargs=."
+            f"run() calls {name}({given[:60]}) on every rank, with no rank or world size added, and {name}{sig} "
+            f"cannot be called that way ({exc}): ask dist.get_rank() and dist.get_world_size() inside the function, "
+            "and pass other inputs with args= or kwargs=."
         ) from None
 
 

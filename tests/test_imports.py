@@ -4,12 +4,14 @@ over 200 lines. Read from the source, so it costs no import."""
 from __future__ import annotations
 
 import ast
+import functools
 
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "course_lib"
 
 
+@functools.cache
 def _modules() -> dict[str, ast.Module]:
     out = {}
     for path in PACKAGE.rglob("*.py"):

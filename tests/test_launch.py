@@ -223,9 +223,10 @@ def test_the_tutorials_rank_and_size_arguments_are_refused_in_one_sentence(monke
     with pytest.raises(LaunchError) as err:
         run(f, 2)
     text = str(err.value)
-    assert text.startswith("run() calls run_fn() on every rank and passes no rank, but run_fn(rank, size)")
+    assert text.startswith("run() calls run_fn() on every rank, with no rank or world size added, and "
+                           "run_fn(rank, size) cannot be called that way (missing a required argument: 'rank')")
     assert "dist.get_rank() and dist.get_world_size()" in text and text.count(". ") == 0  # one sentence
-    with pytest.raises(LaunchError, match="passes no rank"):
+    with pytest.raises(LaunchError, match=r"calls <lambda>\(1, 2\) on every rank.*too many positional arguments"):
         run(lambda x: x, 2, args=(1, 2))
 
 
