@@ -1,7 +1,13 @@
 """What hardware is here, and which backend and device each rank gets ("auto": NCCL with one GPU per rank, else gloo).
 
 Taught in notebooks/00_start_here.ipynb. Everything here is decided before any process starts, so a request that
-cannot work is refused with a sentence saying what to do instead (see ../shared/PITFALLS.md, NCCL).
+cannot work is refused with a sentence saying what to do instead: NCCL needs a GPU of its own for every rank (two
+ranks on one GPU fail with "Duplicate GPU detected"), and a torch build without NCCL has none.
+
+The GPU rule, the same for `run` and for torchrun workers: the ranks of one node take that node's GPUs in order,
+rank LOCAL_RANK the GPU at position LOCAL_RANK. A node's GPUs are all the GPUs its processes see (cuda:0..N-1), or
+the list in LAB_GPUS when several "nodes" share one machine (labs/torchrun.run_nodes gives each its own GPUs, or
+none, so no two nodes pick the same one).
 """
 
 from __future__ import annotations
@@ -105,8 +111,31 @@ def plan(backend: str = "auto", world_size: int = 4, gpus: int | None = None, av
     return Plan(backend, ("cpu",) * world_size, f"{backend} on CPU, as asked")
 
 
+LAB_GPUS = "LAB_GPUS"   # a node's own GPUs, as indexes this process sees: "2,3"; "" for none (CPU only)
+
+
+def node_gpus(env=None, count: int | None = None) -> list[int]:
+    """The GPUs of this node's workers in LOCAL_RANK order: LAB_GPUS when set, else every visible GPU (0..count-1)."""
+    env = os.environ if env is None else env
+    if LAB_GPUS in env:
+        return [int(g) for g in env[LAB_GPUS].split(",") if g.strip()]
+    return list(range(gpu_count() if count is None else count))
+
+
+def node_gpu(local_rank: int, env=None, count: int | None = None) -> int:
+    """The GPU index of worker LOCAL_RANK on its node (see the GPU rule above), or a LaunchError naming the shortage."""
+    env = os.environ if env is None else env
+    gpus = node_gpus(env, count)
+    if not 0 <= local_rank < len(gpus):
+        where = f"{LAB_GPUS}={env[LAB_GPUS]!r}" if LAB_GPUS in env else "this machine"
+        raise LaunchError(f"LOCAL_RANK {local_rank} has no GPU of its own: {where} gives this node {len(gpus)} GPU(s). "
+                          "Start at most that many workers per node for NCCL, or use gloo.")
+    return gpus[local_rank]
+
+
 def device():
-    """This rank's torch.device: ``cuda:LOCAL_RANK`` under NCCL, else cpu (works under the launcher and torchrun)."""
+    """This rank's torch.device: its own GPU under NCCL (node_gpu of LOCAL_RANK), else cpu; the launcher's choice
+    (COURSE_DEVICE) when it started the rank."""
     import torch
 
     name = os.environ.get("COURSE_DEVICE")
@@ -115,5 +144,5 @@ def device():
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", node_gpu(int(os.environ.get("LOCAL_RANK", "0"))))
     return torch.device("cpu")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from course_lib.labs import torchrun as tr
-from course_lib.labs.elastic import complete_checkpoints, reference
+from course_lib.labs.elastic import complete_checkpoints, reference, reference_atol
+from course_lib.training.tolerance import max_diff
 
 STEPS, EVERY, KILL_STEP = 10, 4, 6  # checkpoints after steps 3 and 7; the kill at step 6 replays steps 4-5
 
@@ -26,7 +27,9 @@ def test_two_torchrun_nodes_agree():
     assert [len(x) for x in lines] == [2, 2], _fail(nodes)
     ranks = sorted(int(re.match(r"rank (\d+)/", ln).group(1)) for x in lines for ln in x)
     assert ranks == [0, 1, 2, 3]
-    assert all("backend gloo" in ln and "all_reduce 10 == 10 ok" in ln for x in lines for ln in x)
+    # gloo here; NCCL on a machine with a GPU for each of the 4 workers (each "node" its own two: split_gpus)
+    backend = "gloo" if tr.split_gpus(2, 2).per_node[0] == "" else "nccl"
+    assert all(f"backend {backend}" in ln and "all_reduce 10 == 10 ok" in ln for x in lines for ln in x)
     # Every rank reports the same rank -> node map, two ranks per node, and each torchrun ran one node's ranks.
     maps = {ln.split("nodes of ranks ")[1] for x in lines for ln in x}
     assert len(maps) == 1, maps
@@ -54,15 +57,18 @@ def test_elastic_restart_after_sigkill_gives_the_uninterrupted_weights(tmp_path)
                                                 "--kill-rank", 1, "--kill-step", KILL_STEP],
                     max_restarts=3, timeout=90)
     assert killed.returncode == 0 and killed.seconds < 90, _fail([killed])
-    assert "exitcode: -9" in killed.output  # torchrun saw the SIGKILL ...
+    # What matters, not how torchrun words its log (its "exitcode: -9" line is not printed everywhere): rank 1 did
+    # kill itself, the node's workers were started again, and they resumed from the last complete checkpoint.
     assert (tmp_path / "b" / "killed_once").exists()
     a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
-    assert a["restart"] == 0 and b["restart"] >= 1  # ... restarted the workers ...
-    assert b["resumed_from"] == "step_00003" and b["recover_s"] > 0  # ... which resumed from the last checkpoint
-    ref = reference(STEPS, 2)
+    assert a["restart"] == 0 and b["restart"] >= 1, _fail([killed])
+    assert b["resumed_from"] == "step_00003" and b["recover_s"] > 0, _fail([killed])
+    ref, tol = reference(STEPS, 2), reference_atol(STEPS, 2)
     for k in ref:
-        assert torch.equal(b["weights"][k], a["weights"][k]), k  # same as the uninterrupted torchrun run
-        assert torch.equal(b["weights"][k], ref[k]), k  # and as the one-process reference
+        # bit for bit as the uninterrupted run of the same job: the same sums in the same order on the same machine
+        assert torch.equal(b["weights"][k], a["weights"][k]), k
+        # the one-process reference (this test's process, other thread counts): to float32 summation order
+        assert max_diff(b["weights"][k], ref[k]) <= tol, k
 
 
 @pytest.mark.timeout(200)
@@ -74,12 +80,12 @@ def test_elastic_restart_across_two_torchrun_nodes(tmp_path):
                                                      "--kill-step", KILL_STEP],
                          nnodes=2, nproc=1, max_restarts=3, timeout=120)
     assert all(n.returncode == 0 for n in nodes), _fail(nodes)
-    assert any("exitcode: -9" in n.output for n in nodes), _fail(nodes)
+    assert (tmp_path / "killed_once").exists(), _fail(nodes)      # rank 1 did kill itself
     rep, ref = torch.load(tmp_path / "w.pt"), reference(STEPS, 2)
     # TORCHELASTIC_RESTART_COUNT is per node agent (a node restarted because of another node's failure may say
     # 0), so the resume is what shows the restart happened.
-    assert rep["resumed_from"] == "step_00003"
-    assert all(torch.equal(rep["weights"][k], ref[k]) for k in ref)
+    assert rep["resumed_from"] == "step_00003", _fail(nodes)
+    assert all(max_diff(rep["weights"][k], ref[k]) <= reference_atol(STEPS, 2) for k in ref)
 
 
 @pytest.mark.timeout(200)

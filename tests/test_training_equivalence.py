@@ -1,5 +1,6 @@
-"""Synchronous data parallel = single-process SGD on the combined batch: PS (1 and 2 servers), per-gradient
-all-reduce, buckets (with and without overlap, with accumulation), torch DDP (with no_sync accumulation)."""
+"""Synchronous data parallel = single-process SGD on the combined batch, to the float32 rounding bound
+(training/tolerance.py): PS (1 and 2 servers), per-gradient all-reduce, buckets (with and without overlap, with
+accumulation), torch DDP (with no_sync accumulation)."""
 
 import pytest
 import torch
@@ -9,8 +10,14 @@ from course_lib.training import train_single
 from course_lib.training.allreduce import buckets, dp_train
 from course_lib.training.data import load_digits, shard_indices
 from course_lib.training.ps import ps_train
+from course_lib.training.tolerance import max_diff, sgd_atol
 
 STEPS, BATCH = 4, 16
+
+
+def tol(n_workers: int) -> float:
+    """What float32 summation order can change after STEPS SGD steps of lr 0.1 on n_workers x BATCH samples."""
+    return sgd_atol(STEPS, 0.1, n_workers * BATCH, 256)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +39,8 @@ def test_sync_ps_equals_single_process(reference, k):
               output="none", timeout=60)
     ref = reference[3]
     for r in range(k, k + 3):
-        assert torch.allclose(res.values[r]["params"], ref, atol=1e-5), f"worker rank {r}"
-    assert torch.allclose(torch.cat([res.values[s]["params"] for s in range(k)]), ref, atol=1e-5)
+        assert max_diff(res.values[r]["params"], ref) <= tol(3), f"worker rank {r}"
+    assert max_diff(torch.cat([res.values[s]["params"] for s in range(k)]), ref) <= tol(3)
 
 
 @pytest.mark.parametrize("kw", [dict(method="naive"), dict(method="naive", accum=2),
@@ -45,7 +52,7 @@ def test_sync_ps_equals_single_process(reference, k):
 def test_all_reduce_equals_single_process(reference, kw):
     res = run(dp_train, world_size=2, kwargs=dict(steps=STEPS, batch_size=BATCH, **kw), output="none", timeout=60)
     for r, v in enumerate(res.values):
-        assert torch.allclose(v["params"], reference[2], atol=1e-5), f"rank {r}"
+        assert max_diff(v["params"], reference[2]) <= tol(2), f"rank {r}"
 
 
 def test_async_ps_records_staleness_and_learns():
@@ -53,7 +60,9 @@ def test_async_ps_records_staleness_and_learns():
               output="none", timeout=60)
     stale = res.values[0]["staleness"]
     assert len(stale) == 3 * 6 and {w for w, _ in stale} == {1, 2, 3}
-    assert min(s for _, s in stale) >= 0 and max(s for _, s in stale) <= 2 * 3
+    # staleness counts the other workers' updates between a worker's pull and its push: at most all of theirs,
+    # (3 - 1) x 6, when this worker is descheduled that long (a loaded machine); any finer bound is a timing claim
+    assert min(s for _, s in stale) >= 0 and max(s for _, s in stale) <= (3 - 1) * 6
     assert max(s for _, s in stale) >= 1      # with 3 workers some gradient is always computed on old weights
 
 

@@ -6,7 +6,9 @@
 Rank --kill-rank SIGKILLs itself once at --kill-step (a marker file makes it once, as PyTorch's own elastic tests
 kill workers); torchrun sees the dead worker, stops the others and starts them all again; every rank then loads
 the last COMPLETE checkpoint and replays the steps after it. Data depend only on (step, rank), so the final weights
-equal an uninterrupted run's exactly. Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see group.py).
+equal an uninterrupted run's of the same job bit for bit (the same arithmetic in the same order on the same
+device), and the one-process reference to reference_atol (float32 summation order, another device's kernels).
+Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see group.py).
 """
 
 from __future__ import annotations
@@ -24,20 +26,25 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ..training.tolerance import sgd_atol
 from .group import join, leave, say
+
+LR, MOMENTUM, BATCH, WIDTH = 0.05, 0.9, 32, 16
+# One sample's gradient entry here reaches 11 in the first 12 steps (MSE on targets up to about 10): bound it by 20.
+GRAD = 20.0
 
 
 def make_model(dev: str | torch.device = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)  # every rank starts from the same weights, as DDP's first broadcast would make them
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(dev)
+    model = torch.nn.Sequential(torch.nn.Linear(4, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1)).to(dev)
     # Momentum is optimizer state: a checkpoint without it would not resume the same run.
-    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's data for this step, the same whenever the step is (re)played."""
     g = torch.Generator().manual_seed(10_000 * step + rank)
-    x = torch.randn(32, 4, generator=g)
+    x = torch.randn(BATCH, 4, generator=g)
     return x, (x[:, :1] * x[:, 1:2] + x[:, 2:3].sin())  # a small smooth target
 
 
@@ -103,6 +110,13 @@ def reference(steps: int, world: int) -> dict[str, torch.Tensor]:
             p.grad = total / world
         opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def reference_atol(steps: int, world: int) -> float:
+    """How far a run may end from reference(): float32 gradient sums in another order (all-reduce, another CPU's or
+    a GPU's kernels), carried through momentum SGD (training/tolerance.py). A lost momentum or a step not replayed
+    moves the weights by about 0.1, a hundred times more."""
+    return sgd_atol(steps, LR, world * BATCH, WIDTH, momentum=MOMENTUM, grad=GRAD)
 
 
 @record  # a failing rank's traceback reaches torchrun's final report

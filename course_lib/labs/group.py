@@ -1,4 +1,4 @@
-"""Join the process group torchrun describes: its environment, NCCL on cuda:LOCAL_RANK or gloo on CPU (notebook 17)."""
+"""Join the process group torchrun describes: its environment, NCCL on the worker's own GPU or gloo (notebook 17)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..devices import LaunchError, node_gpu, node_gpus
+
 # What torchrun (torch.distributed.elastic) puts in every worker's environment.
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
             "TORCHELASTIC_USE_AGENT_STORE")
 
-# The restart race (PITFALLS.md, reproduced here: 2 of 3 single-node gloo runs): by default torchrun's workers
+# The restart race (reproduced on a 2-core machine: 2 of 3 single-node gloo runs): by default torchrun's workers
 # share the agent's TCPStore, which outlives a restart. gloo publishes each rank's listening address under the
 # same key in every attempt, so a restarted rank can read the dead worker's address before its successor
 # overwrites it and gets "Connection refused", which costs one more restart. torch's own opt-out gives every
@@ -52,15 +54,20 @@ class Env:
 
 
 def choose(local_rank: int, local_world_size: int, backend: str = "auto") -> tuple[str, torch.device]:
-    """NCCL with one GPU per local rank when this node has a GPU for every one of them, otherwise gloo on CPU."""
+    """NCCL when this node has a GPU for each of its workers, worker LOCAL_RANK on the node's GPU number LOCAL_RANK
+    (devices.node_gpu: cuda:LOCAL_RANK, or the node's own list in LAB_GPUS when "nodes" share a machine); else gloo."""
     if backend == "auto":
         # Decided from the node's worker count, not this rank's index: every rank must pick the same backend
         # (3 workers on 2 GPUs would otherwise give NCCL to ranks 0-1 and gloo to rank 2).
-        enough = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+        enough = dist.is_nccl_available() and len(node_gpus()) >= local_world_size
         backend = "nccl" if enough else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)  # before the first collective, or NCCL may pick GPU 0 on every rank
-        return backend, torch.device("cuda", local_rank)
+        try:
+            gpu = node_gpu(local_rank)
+        except LaunchError as e:
+            raise SystemExit(f"backend nccl: {e}") from None
+        torch.cuda.set_device(gpu)  # before the first collective, or NCCL may pick GPU 0 on every rank
+        return backend, torch.device("cuda", gpu)
     return backend, torch.device("cpu")
 
 

@@ -31,7 +31,7 @@ def hello(env, backend: str, dev: torch.device) -> str:
             f"all_reduce {t.item():g} == {expected:g} ok; nodes of ranks {nodes}")
 
 
-@record  # a failing rank's traceback reaches torchrun's final report (PITFALLS.md)
+@record  # a failing rank's traceback reaches torchrun's final report, not only its own stderr
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m course_lib.labs.hello", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

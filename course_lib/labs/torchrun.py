@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..devices import LAB_GPUS, gpu_count
 from .group import FRESH_STORE_ENV
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -24,6 +25,7 @@ class Finished:
     returncode: int | None  # None: stopped by us when the time bound ran out
     output: str  # stdout and stderr together, as a terminal would show them
     seconds: float
+    gpus: str | None = None  # the node's LAB_GPUS ("" = none: gloo); None = every GPU of the machine (one node)
 
     @property
     def timed_out(self) -> bool:
@@ -38,12 +40,15 @@ def free_port() -> int:
 
 
 def command(module: str, args=(), nproc: int = 2, nnodes: int = 1, node_rank: int = 0, port: int = 29400,
-            max_restarts: int = 0) -> list[str]:
-    """The torchrun command line for one node, with c10d rendezvous on 127.0.0.1 (a one-machine stand-in for HOST)."""
+            max_restarts: int = 0, host: str = "127.0.0.1") -> list[str]:
+    """The torchrun command line for one node, with c10d rendezvous on host:port (notebook 17). On 127.0.0.1 the
+    "nodes" share this machine; any other host is a real head node that every node must reach."""
+    here = host in ("127.0.0.1", "localhost")
+    # Several "nodes" of one machine: node 0 hosts the store (else each may try) and all advertise loopback. Real
+    # nodes need neither: torchrun finds the host by name and advertises each node's own address.
+    same_machine = [f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}", "--local-addr=127.0.0.1"] if here else []
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-            f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-            # Node 0 hosts the rendezvous store; saying so avoids both "nodes" of one machine trying to.
-            f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}", "--local-addr=127.0.0.1",
+            f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", *same_machine,
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1", "-m", module, *map(str, args)]
 
 
@@ -80,14 +85,43 @@ def _finish(p: subprocess.Popen, deadline: float, t0: float) -> Finished:
         return Finished(None, (out or "") + f"\n[stopped after {deadline - t0:.0f} s]", time.monotonic() - t0)
 
 
+@dataclass(frozen=True)
+class NodeGPUs:
+    """The GPUs each of several torchrun "nodes" on this one machine may use (their LAB_GPUS), and why."""
+
+    per_node: tuple[str | None, ...]
+    reason: str
+
+
+def split_gpus(nnodes: int, nproc: int, gpus: int | None = None) -> NodeGPUs:
+    """Real nodes each have their own GPUs, and worker LOCAL_RANK takes its node's GPU number LOCAL_RANK. "Nodes"
+    sharing this machine see the same GPUs, so each gets its own nproc of them (node i: GPUs i·nproc..), or, when
+    the machine has fewer than nnodes·nproc, none: every node then runs gloo on the CPU, because two ranks on one
+    GPU fail under NCCL ("Duplicate GPU detected"). One node keeps every GPU, as torchrun alone would."""
+    gpus = gpu_count() if gpus is None else gpus
+    if nnodes == 1:
+        return NodeGPUs((None,), f"one node: its {nproc} workers share this machine's {gpus} GPU(s) as torchrun "
+                                 "gives them (NCCL when there is one per worker, else gloo)")
+    need = nnodes * nproc
+    if gpus >= need:
+        per = tuple(",".join(str(i * nproc + r) for r in range(nproc)) for i in range(nnodes))
+        return NodeGPUs(per, f"{gpus} GPU(s) for {nnodes} nodes x {nproc} workers: each node gets its own "
+                             f"{nproc} ({'; '.join(per)}), as separate machines would have, and uses NCCL")
+    return NodeGPUs(("",) * nnodes, f"{gpus} GPU(s) for {nnodes} nodes x {nproc} workers on one machine: nodes "
+                                    "must not share a GPU (NCCL: 'Duplicate GPU detected'), so every node runs gloo "
+                                    "on the CPU")
+
+
 def run_nodes(module: str, args=(), nnodes: int = 1, nproc: int = 2, timeout: float = 60.0, max_restarts: int = 0,
               env: dict | None = None) -> list[Finished]:
-    """Run `nnodes` torchrun "nodes" of `nproc` workers each on this machine, all within `timeout` seconds."""
+    """Run `nnodes` torchrun "nodes" of `nproc` workers each on this machine, all within `timeout` seconds; each
+    node's GPUs as split_gpus gives them (unless `env` sets LAB_GPUS itself)."""
+    plan = split_gpus(nnodes, nproc)
+    envs = [environment({**({} if g is None else {LAB_GPUS: g}), **(env or {})}) for g in plan.per_node]
     for attempt in range(3):
         port, t0 = free_port(), time.monotonic()
         deadline = t0 + timeout
-        procs = [_start(command(module, args, nproc, nnodes, i, port, max_restarts), environment(env))
-                 for i in range(nnodes)]
+        procs = [_start(command(module, args, nproc, nnodes, i, port, max_restarts), envs[i]) for i in range(nnodes)]
         results: list[Finished | None] = [None] * nnodes
 
         def wait(i):
@@ -101,7 +135,9 @@ def run_nodes(module: str, args=(), nnodes: int = 1, nproc: int = 2, timeout: fl
         if attempt < 2 and any("EADDRINUSE" in r.output or "address already in use" in r.output.lower()
                                for r in results if r.returncode):
             continue  # someone took the free port first: a new port, a new try
-        return results
+        break
+    for r, e in zip(results, envs):
+        r.gpus = e.get(LAB_GPUS)
     return results
 
 
