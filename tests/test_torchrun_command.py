@@ -1,0 +1,15 @@
+"""torchrun.command (notebook 17): the same launch line for "nodes" on this machine and for a real head node."""
+
+from course_lib.labs import torchrun
+
+
+def test_command_targets_a_real_head_node_or_this_machine():
+    real = torchrun.command("course_lib.labs.hello", nproc=4, nnodes=2, node_rank=1, port=29400, host="node001")
+    assert "--rdzv-endpoint=node001:29400" in real and "--nnodes=2" in real and "--nproc-per-node=4" in real
+    # a real node advertises its own address and finds the rendezvous host by name
+    assert not any(a.startswith(("--local-addr", "--rdzv-conf")) for a in real)
+    here = torchrun.command("course_lib.labs.hello", nnodes=2, node_rank=0, port=1234)
+    assert "--rdzv-endpoint=127.0.0.1:1234" in here and "--local-addr=127.0.0.1" in here
+    assert "--rdzv-conf=is_host=1" in here
+    assert "--rdzv-conf=is_host=0" in torchrun.command("course_lib.labs.hello", nnodes=2, node_rank=1, port=1234)
+    assert real[-2:] == ["-m", "course_lib.labs.hello"]
