@@ -194,6 +194,7 @@ def check_collective(
                     raise ExerciseFailed(with_hint(f"{exercise}: with {case}: {wrong}", hint))
             count += 1
     off = " with the forbidden collectives switched off" if forbid else ""
+    method = ", and every rank's calls and messages were the method's" if traffic else ""
     return passed(exercise, f"{count} cases (world sizes {world_sizes}, sizes {sizes}, dtypes "
                             f"{[str(d).replace('torch.', '') for d in dtypes]}), every rank matched torch's own "
-                            f"result{off}" + (", and the traffic matched the algorithm's" if traffic else "") + ".")
+                            f"result{off}{method}.")

@@ -33,11 +33,14 @@ def check_server_bytes(server_bytes, exercise: str = "Exercise 8.1") -> str:
     the course's PS really received (every message counted) for several n and k."""
     hint = ("every worker pushes its gradient for each server's shard only: a server receives one shard from each "
             "of the n workers; with k servers the first shard is the longest (ceil of the parameters / k)")
-    for n, k in [(1, 1), (3, 1), (2, 2), (4, 2), (3, 3)]:
+    m = flat_params(make_mlp(HIDDEN, 0)).numel() * 4     # the model ps_train trains with hidden=HIDDEN
+    cases = [(1, 1), (3, 1), (2, 2), (4, 2), (3, 3)]
+    answers = {(n, k): call_learner(exercise, server_bytes, n, m, k, hint=hint, why="the bytes a server carries",
+                                    library=PS_ANSWERS) for n, k in cases}
+    for (n, k), answer in answers.items():
         got = launch_checked(exercise, ps_train, n + k, kwargs=dict(steps=1, n_servers=k, hidden=HIDDEN))
-        m, measured = got[0]["model_bytes"], got[0]["traffic"][0][1]
-        answer = call_learner(exercise, server_bytes, n, m, k, hint=hint, why="the bytes a server carries",
-                              library=PS_ANSWERS)
+        assert got[0]["model_bytes"] == m, "the parameter server trained another model"
+        measured = got[0]["traffic"][0][1]
         if answer != measured:
             raise ExerciseFailed(with_hint(f"{exercise}: n={n} workers, k={k} servers, M={m} bytes: you said "
                                            f"{answer}, server 0 really received {measured} bytes per step.", hint))
@@ -233,10 +236,12 @@ def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> str:
     """`ring_bytes(n, model_bytes)` -> bytes each rank sends per ring all-reduce; checked against real ring runs
     (every message counted) within one element per phase (the chunks differ by at most one element)."""
     hint = "reduce-scatter then all-gather, each n-1 steps of a 1/n chunk of the model"
-    for n in (2, 3, 4):
+    m = flat_params(make_mlp(60, 0)).numel() * 4         # the model _ring_bytes_case trains
+    answers = {n: call_learner(exercise, ring_bytes, n, m, hint=hint, why="the bytes of a ring", library=RING_ANSWERS)
+               for n in (2, 3, 4)}
+    for n, ans in answers.items():
         vals = launch_checked(exercise, _ring_bytes_case, n)
-        m = vals[0][1]
-        ans = call_learner(exercise, ring_bytes, n, m, hint=hint, why="the bytes of a ring", library=RING_ANSWERS)
+        assert vals[0][1] == m, "the ring trained another model"
         worst = max(abs(ans - sent) for sent, _ in vals)
         if worst > 8:
             raise ExerciseFailed(with_hint(f"{exercise}: n={n}, M={m}: you said {ans:.0f}, ranks really sent "
