@@ -1,9 +1,11 @@
-"""Build student notebooks from the worked ones: solutions replaced by NotImplementedError, outputs stripped.
+"""Build student notebooks from the worked ones: solutions replaced by NotImplementedError, nothing else given away.
 
 Worked notebooks keep each solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's
-markers, DESIGN.md "Exercises"). The student copy replaces every such region with
-``raise NotImplementedError("Exercise N.M: ...")`` at the region's indentation, keeps the code around it, and
-clears every output and execution count. Usage: ``python -m course_lib.student [NOTEBOOK_OR_DIR ...] [--out DIR]``.
+markers). The student copy replaces every such region with ``raise NotImplementedError("Exercise N.M: ...")`` at
+the region's indentation, keeps the code around it, clears every output and execution count, and drops saved
+widget state (a notebook's ``metadata.widgets`` keeps the widgets' last outputs, printed answers included). Only
+the course's own notebooks (COURSE_NOTEBOOKS) are copied from a folder: a learner's scratch notebook next to them
+stays out. Usage: ``python -m course_lib student [NOTEBOOK_OR_DIR ...] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,47 @@ import sys
 from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-_EXERCISE = re.compile(r"Exercise\s+(\d+\.\d+)\s*(?:\([^)]*\))?\s*[:.\-—]*\s*([^\n*]*)")
+# An exercise heading: "**★ Exercise 1.1.**", "### ★★ Exercise 3.1: ...", "## 3. Exercise 6.1 (★★): ...",
+# "**Exercise 5b.1 (★): ...**" at the start
+# of a line; a sentence that merely mentions an exercise ("Exercise 8.3 bounds staleness ...") is not one.
+_EXERCISE = re.compile(r"(?m)^\s*(?:#+\s*(?:\d+\.\s*)?|\*\*)\s*(?:★+\s*)?Exercise\s+(\d+[a-z]?\.\d+)\s*(?:\([^)]*\))?"
+                       r"\s*[:.\-—]*\s*([^\n*]*)")
+
+# The course's notebooks, in teaching order. A new lesson adds its file here (tests/test_student.py fails until it
+# does); anything else in notebooks/ is the learner's own and is never copied.
+COURSE_NOTEBOOKS = (
+    "00_start_here.ipynb",
+    "01_why_distributed.ipynb",
+    "02_cluster_architecture.ipynb",
+    "03_processes_ranks_groups.ipynb",
+    "04_point_to_point.ipynb",
+    "05_collectives.ipynb",
+    "05b_collectives_cell_by_cell.ipynb",
+    "06_build_your_own_collectives.ipynb",
+    "07_measuring_communication.ipynb",
+    "08_parameter_server.ipynb",
+    "09_all_reduce_data_parallel.ipynb",
+    "10_ps_vs_all_reduce.ipynb",
+    "11_decentralized_training.ipynb",
+    "12_sharded_data_parallel.ipynb",
+    "13_tensor_parallel.ipynb",
+    "14_pipeline_parallel.ipynb",
+    "15_expert_and_context_parallel.ipynb",
+    "16_failures_and_recovery.ipynb",
+    "17_multi_node_lab.ipynb",
+)
+# Notebook metadata that holds outputs: ipywidgets' saved state (with the widgets' last outputs).
+_OUTPUT_METADATA = ("widgets",)
 
 
 def _source(cell) -> str:
     src = cell.get("source", "")
     return "".join(src) if isinstance(src, list) else src
+
+
+def exercise_ids(markdown: str) -> list[tuple[str, str]]:
+    """(id, title) of every exercise heading in a markdown cell, in order: [("5b.1", "reduce to one rank"), ...]."""
+    return [(m.group(1), m.group(2).strip(" ★").rstrip(".")) for m in _EXERCISE.finditer(markdown)]
 
 
 def strip_solutions(code: str, label: str) -> str:
@@ -33,7 +70,8 @@ def strip_solutions(code: str, label: str) -> str:
                 raise ValueError(f"{label}: '{BEGIN}' inside another solution region")
             inside = True
             indent = line[: len(line) - len(line.lstrip())]
-            out.append(f'{indent}raise NotImplementedError("{label}: write your solution here")')
+            message = json.dumps(f"{label}: write your solution here", ensure_ascii=False)   # quotes escaped
+            out.append(f"{indent}raise NotImplementedError({message})")
         elif stripped.startswith(END):
             if not inside:
                 raise ValueError(f"{label}: '{END}' without a '{BEGIN}' before it")
@@ -45,48 +83,179 @@ def strip_solutions(code: str, label: str) -> str:
     return "\n".join(out)
 
 
-def student_notebook(nb: dict, number: str = "") -> tuple[dict, int]:
-    """Return (the student copy of a notebook dict, how many solution regions it replaced)."""
+def student_notebook(nb: dict, number: str = "") -> tuple[dict, dict]:
+    """Return (the student copy of a notebook dict, what was stripped: solutions, outputs, widget_state bytes)."""
     nb = json.loads(json.dumps(nb))  # a deep copy; the worked notebook is never touched
-    label, count, title = None, 0, ""
+    stripped = {"solutions": 0, "outputs": 0, "widget_state": 0}
+    for key in _OUTPUT_METADATA:
+        if key in nb.get("metadata", {}):
+            stripped["widget_state"] += len(json.dumps(nb["metadata"].pop(key)))
+    label, title = None, ""
     for cell in nb["cells"]:
         src = _source(cell)
         if cell["cell_type"] == "markdown":
-            headings = list(_EXERCISE.finditer(src))
-            m = headings[-1] if headings else None  # the last exercise heading before a code cell names its solutions
-            if m:
-                label, title = f"Exercise {m.group(1)}", m.group(2).strip().rstrip(".")
+            found = exercise_ids(src)
+            if found:  # the last exercise heading before a code cell names its solutions
+                label, title = f"Exercise {found[-1][0]}", found[-1][1]
             continue
+        for key in _OUTPUT_METADATA:
+            if key in cell.get("metadata", {}):
+                stripped["widget_state"] += len(json.dumps(cell["metadata"].pop(key)))
         if cell["cell_type"] != "code":
             continue
         if BEGIN in src:
-            count += src.count(BEGIN)
-            name = label or f"Exercise {number or '?'}.{count}"
+            stripped["solutions"] += src.count(BEGIN)
+            name = label or f"Exercise {number or '?'}.{stripped['solutions']}"
             cell["source"] = strip_solutions(src, f"{name}: {title}" if (label and title) else name)
+        stripped["outputs"] += len(cell.get("outputs", []))
         cell["outputs"], cell["execution_count"] = [], None
         cell.get("metadata", {}).pop("execution", None)
-    return nb, count
+    return nb, stripped
+
+
+def _free_reads(code: str) -> set[str]:
+    """Names a cell reads from the notebook's namespace: at its top level, and inside its functions and classes
+    the names that are neither their parameters nor their own variables (symtable's globals and frees)."""
+    import symtable
+
+    out, todo = set(), [symtable.symtable(code, "<cell>", "exec")]
+    while todo:
+        table = todo.pop()
+        for sym in table.get_symbols():
+            if sym.is_referenced() and (table.get_type() == "module" or sym.is_global() or sym.is_free()):
+                out.add(sym.get_name())
+        todo.extend(table.get_children())
+    return out
+
+
+def _names(source: str, modules: frozenset = frozenset()) -> tuple[set[str], set[str], bool]:
+    """(names a cell binds or may change, names it reads, whether it runs a line magic such as %ranks start).
+
+    IPython's own transformer turns magics into Python first. Changing an object counts as binding its name, so a
+    cell that may change something a later cell reads is kept: x.append(...), x[i] = ..., x.attr = ..., and any
+    call that is handed x (f(x) may change it in place); ``modules`` (names bound by imports) are read, not changed.
+    """
+    import ast
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    code = TransformerManager().transform_cell(source)
+    magic = "run_line_magic(" in code or "run_cell_magic(" in code   # %ranks ... and %%ranks: the ranks' state
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set(), set(), magic
+    bound, read = set(), set()
+
+    def base(node):
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    def module_level(node):
+        """The nodes of the cell's own scope: not inside a def, lambda, class or comprehension."""
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef,
+                                      ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                yield from module_level(child)
+
+    read = _free_reads(code)
+    for node in module_level(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Store):
+            bound.add(base(node))
+        elif isinstance(node, ast.Call):
+            changed = [base(a) for a in [*node.args, *(k.value for k in node.keywords)]]
+            if isinstance(node.func, ast.Attribute):
+                changed.append(base(node.func.value))
+            bound |= {n for n in changed if n and n not in modules}
+    for node in tree.body:   # what a def or class statement itself binds
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+    return bound - {None}, read, magic
+
+
+def cells_needed(nb: dict) -> list[int]:
+    """Indices of the code cells that can behave differently in a student copy, and the cells they need.
+
+    Kept: every exercise cell (solution and check), every later cell that reads what a solution defines
+    (transitively), every cell those cells read from (transitively), and magics (%ranks start, %%ranks: the ranks'
+    state). Nothing after the last check cell. What is left out are demos that neither use an exercise nor feed
+    one: they run exactly as in the worked notebook, whose own run tests them.
+    """
+    import ast
+
+    cells = nb["cells"]
+    code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    solutions = [i for i in code if BEGIN in _source(cells[i])]
+    if not solutions:
+        return code
+    checks = [next((k for k in code if k > i), i) for i in solutions]
+    last = max(checks)
+    modules: set[str] = set()
+    for i in code:        # names bound by an import statement: a call on them changes nothing of the notebook's
+        try:
+            modules |= {(a.asname or a.name).split(".")[0] for n in ast.walk(ast.parse(_source(cells[i])))
+                        if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        except SyntaxError:
+            pass
+    info = {i: _names(_source(cells[i]), frozenset(modules)) for i in code if i <= last}
+    keep = set(solutions) | set(checks)
+    tainted: set[str] = set()
+    for i in sorted(info):                # forward: what the solutions define, and what is computed from it
+        bound, read, _ = info[i]
+        if i in solutions:
+            tainted |= bound
+        elif i > solutions[0] and read & tainted:
+            keep.add(i)
+            tainted |= bound
+    wanted: set[str] = set()
+    for i in sorted(info, reverse=True):  # backward: what the kept cells read, and what those read in turn
+        bound, read, magic = info[i]
+        if i not in keep and (magic or bound & wanted):
+            keep.add(i)
+        if i in keep:
+            wanted |= read
+    return sorted(keep)
+
+
+def course_notebooks(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(the course's notebooks in ``folder``, in manifest order; the other .ipynb files there, left out)."""
+    present = {p.name: p for p in folder.glob("*.ipynb")}
+    return ([present[n] for n in COURSE_NOTEBOOKS if n in present],
+            sorted(p for n, p in present.items() if n not in COURSE_NOTEBOOKS))
 
 
 def build(paths, out_dir: Path) -> list[Path]:
-    """Write a student copy of every notebook in ``paths`` (files or folders) into ``out_dir``."""
+    """Write a student copy of every course notebook in ``paths`` (files, or folders read through the manifest)."""
     notebooks = []
     for p in map(Path, paths):
-        notebooks += sorted(p.glob("*.ipynb")) if p.is_dir() else [p]
+        if p.is_dir():
+            mine, others = course_notebooks(p)
+            notebooks += mine
+            for other in others:
+                print(f"{other}: not one of the course's notebooks, not copied")
+        else:
+            notebooks.append(p)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for path in notebooks:
         nb = json.loads(path.read_text(encoding="utf-8"))
-        copy, n = student_notebook(nb, path.name.split("_", 1)[0].lstrip("0") or "0")
+        copy, s = student_notebook(nb, path.name.split("_", 1)[0].lstrip("0") or "0")
         target = out_dir / path.name
         target.write_text(json.dumps(copy, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        print(f"{target}: {n} exercise solution(s) removed, outputs stripped")
+        widgets = f", widget state removed ({s['widget_state'] / 1e3:.1f} kB)" if s["widget_state"] else ""
+        print(f"{target}: {s['solutions']} exercise solution(s) removed, {s['outputs']} output(s) cleared{widgets}")
         written.append(target)
     return written
 
 
 def main(argv=None) -> int:
-    """Command line: build student copies (default: every notebook in notebooks/ into student/)."""
+    """Command line: build student copies (default: the course's notebooks in notebooks/ into student/)."""
     ap = argparse.ArgumentParser(prog="python -m course_lib student", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="*", default=["notebooks"], help="worked notebooks or folders (default notebooks/)")
     ap.add_argument("--out", default="student", help="folder for the student copies (default student/)")
@@ -97,7 +266,7 @@ def main(argv=None) -> int:
         print(f"student build failed: {exc}", file=sys.stderr)
         return 1
     if not written:
-        print(f"no notebooks found in {' '.join(args.paths)}", file=sys.stderr)
+        print(f"no course notebooks found in {' '.join(args.paths)}", file=sys.stderr)
         return 1
     return 0
 
