@@ -136,16 +136,19 @@ def _expected_dispatch(rank, p):
 def _run_dispatch(fn, exercise):
     import torch.distributed as dist
 
+    from ..devices import device
     from ..measure.alltoall_log import AllToAllLog
     from .switch_off import switched_off
     rank, p = dist.get_rank(), dist.get_world_size()
-    x, e = _tokens(rank, p)
+    x, e = (t.to(device()) for t in _tokens(rank, p))        # NCCL moves only tensors on the rank's GPU
     with switched_off(exercise, forbid=("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single",
                                         "reduce_scatter", "reduce_scatter_single", "gather", "scatter",
                                         "send_recv"),
                       why="dispatching with all_to_all_single", library=["course_lib.training.moe.ep_forward"]):
         with AllToAllLog() as log:
             got = fn(x, e, N_EXPERTS)
+    if isinstance(got, (tuple, list)):
+        got = tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in got)
     return {"got": got, "calls": [(c.to, c.frm) for c in log.calls], "rank": rank}
 
 
@@ -198,17 +201,18 @@ def _qkv(p, chunk, d, scale):
 def _run_ring(fn, exercise, chunk, d, scale):
     import torch.distributed as dist
 
+    from ..devices import device
     from ..training.ring_attention import positions
     from .switch_off import switched_off
     from .traffic import Watch
     rank, p = dist.get_rank(), dist.get_world_size()
-    q, k, v = _qkv(p, chunk, d, scale)
-    pos = positions(rank, p, 2 * p * chunk, "zigzag")
+    q, k, v = (t.to(device()) for t in _qkv(p, chunk, d, scale))
+    pos = positions(rank, p, 2 * p * chunk, "zigzag").to(device())
     with switched_off(exercise, forbid="all", why="passing K and V round a ring",
                       library=[f"{RING}.ring_attention", f"{RING}.online_update", f"{RING}.attention"]):
         with Watch() as w:
             out = fn(q[pos], k[pos], v[pos])
-    return {"out": out, "record": w.record(), "rank": rank}
+    return {"out": out.cpu() if isinstance(out, torch.Tensor) else out, "record": w.record(), "rank": rank}
 
 
 def check_causal_ring_attention(ring_attention_zigzag,
