@@ -13,9 +13,11 @@ import torch
 
 
 def peak_bytes(fn, device: torch.device | str = "cpu"):
-    """(fn(), the peak bytes of tensors allocated while fn ran and alive at the same moment)."""
+    """(fn(), the peak bytes of tensors allocated while fn ran and alive at the same moment). On a GPU fn runs twice,
+    the first time so that one-time workspaces (cuBLAS's) exist before measuring: call it on every rank alike."""
     device = torch.device(device)
     if device.type == "cuda":
+        fn()
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
