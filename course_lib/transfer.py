@@ -107,12 +107,21 @@ def loads(data) -> object:
     return decode((view if not view.readonly else memoryview(bytearray(view)))[LENGTH.size :])
 
 
+def _buffer(n: int):
+    """Writable memory for a frame: torch's, uninitialised, when torch is loaded (a bytearray is zeroed first,
+    one more pass over a large result); a bytearray otherwise."""
+    torch = sys.modules.get("torch")
+    if torch is not None and n >= 1 << 20:
+        return torch.empty(n, dtype=torch.uint8).numpy()
+    return bytearray(n)
+
+
 class Receiver:
-    """Reads one frame from a non-blocking pipe as it arrives, straight into a bytearray of the right size."""
+    """Reads one frame from a non-blocking pipe as it arrives, straight into a buffer of the right size."""
 
     def __init__(self):
         self.head = b""
-        self.frame: bytearray | None = None
+        self.frame = None  # the buffer, once the length is known
         self.got = 0
 
     @property
@@ -127,7 +136,7 @@ class Receiver:
                     data = os.read(fd, LENGTH.size - len(self.head))
                     self.head += data
                     if len(self.head) == LENGTH.size:
-                        self.frame = bytearray(LENGTH.unpack(self.head)[0])
+                        self.frame = _buffer(LENGTH.unpack(self.head)[0])
                     got = len(data)
                 elif self.complete:
                     got = len(os.read(fd, 1))  # only the end of file can follow a frame
