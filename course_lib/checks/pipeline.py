@@ -1,0 +1,230 @@
+"""Checkers for the exercises of notebook 14: the bubble formula, the 1F1B order, loss scaling across stages.
+
+14.1 and 14.2 replay schedules on the ideal clock of course_lib.training.pipeline.simulate (forward 1 slot,
+backward 2, messages free) and, for 14.2, run the learner's order on real ranks with send/recv; 14.3 runs the
+learner's loss-scaled step on real ranks, one stage each, an overflow injected on one stage only, against
+GradScaler's rules (training.mixed_precision.LossScaler), counting the collectives with CommLog. While the learner's
+code runs, the library functions that hold an answer and torch's GradScaler are switched off (switch_off.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..launch import run
+from ..results import RankFailed
+from ..training import pipeline as pl
+from ..training.data import load_digits
+from ..training.mixed_precision import LossScaler
+from .core import ExerciseFailed
+
+PIPE = "course_lib.training.pipeline"
+
+
+def _switched_off(exercise: str, why: str, library=(), forbid=()):
+    from .switch_off import switched_off
+    return switched_off(exercise, forbid=forbid, why=why, library=library)
+
+
+# ---------------------------------------------------------------------------------------------- 14.1
+def _smallest_m(p: int, target: float) -> int:
+    m = 1
+    while pl.bubble_formula(p, m) > target:
+        m += 1
+    return m
+
+
+def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (micro-batches for a bubble)") -> None:
+    """`min_microbatches(p, target)` -> the smallest m whose bubble (p-1)/(m+p-1) is at most `target`; checked on
+    p = 1..12 and targets from 0.9 down to 0.01, against the schedule replayed on the ideal clock."""
+    hint = ("the bubble (p-1)/(m+p-1) falls as m grows; solve (p-1)/(m+p-1) <= target for m, or try m = 1, 2, ... "
+            "and stop at the first that meets the target. Check the bubble of your answer and of one less")
+    cases = [(p, t) for p in range(1, 13) for t in (0.9, 0.5, 0.25, 0.2, 0.1, 0.05, 0.01)]
+    with _switched_off(exercise, "the bubble formula", library=[f"{PIPE}.bubble_formula", f"{PIPE}.simulated_bubble"]):
+        try:
+            answers = [min_microbatches(p, t) for p, t in cases]
+        except NotImplementedError:
+            raise
+        except Exception as e:
+            raise ExerciseFailed(f"{exercise}: your function raised {type(e).__name__}: {e}\nHint: {hint}") from None
+    for (p, t), got in zip(cases, answers):
+        want = _smallest_m(p, t)
+        if not isinstance(got, int) or isinstance(got, bool):
+            raise ExerciseFailed(f"{exercise}: p={p}, target {t}: you returned {got!r}; a number of micro-batches is "
+                                 f"an int (math.ceil, or a loop).\nHint: {hint}")
+        if got != want:
+            shown = "; ".join(f"m={k}: {float(pl.bubble_formula(p, k)):.4f}" for k in sorted({got - 1, got, want})
+                              if k >= 1)
+            replay = pl.simulated_bubble([pl.one_f_one_b_order(s, p, want) for s in range(p)])[0]
+            raise ExerciseFailed(
+                f"{exercise}: p={p} stages, target bubble {t}: you returned m={got}, expected {want}.\n"
+                f"  bubble (p-1)/(m+p-1) at {shown} (the schedule with m={want}, replayed on an ideal clock, idles "
+                f"{float(replay):.4f}).\nHint: {hint}")
+    print(f"PASS {exercise}: the smallest m for {len(cases)} (p, target) pairs, p = 1..12, targets 0.9 down to 0.01")
+
+
+# ---------------------------------------------------------------------------------------------- 14.2
+def _check_order(exercise, order_fn, p, m, hint):
+    orders = []
+    for s in range(p):
+        order = [tuple(a) for a in order_fn(s, p, m)]
+        want = sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+        if sorted(order) != want:
+            raise ExerciseFailed(f"{exercise}: p={p}, m={m}, stage {s}: your order {order} must hold ('F', i) and "
+                                 f"('B', i) once each for i = 0..{m - 1}.\nHint: {hint}")
+        if any(order.index(("B", i)) < order.index(("F", i)) for i in range(m)):
+            raise ExerciseFailed(f"{exercise}: p={p}, m={m}, stage {s}: a backward comes before its own forward in "
+                                 f"{order}.\nHint: {hint}")
+        orders.append(order)
+    try:
+        bubble = pl.simulated_bubble(orders)
+    except RuntimeError as e:
+        raise ExerciseFailed(f"{exercise}: p={p}, m={m}: {e}; real ranks would hang in recv.\nHint: {hint}") from None
+    for s, order in enumerate(orders):
+        peak, want = pl.peak_in_flight(order), min(p - s, m)
+        if peak > want:
+            raise ExerciseFailed(
+                f"{exercise}: p={p}, m={m}, stage {s} keeps {peak} micro-batches in flight (their activations wait "
+                f"for backward); 1F1B keeps at most min(p - stage, m) = {want}. Your order: {order}."
+                + (" All forwards before any backward is GPipe." if peak == m else "") + f"\nHint: {hint}")
+        if bubble[s] != pl.bubble_formula(p, m):
+            raise ExerciseFailed(
+                f"{exercise}: p={p}, m={m}, stage {s} idles {float(bubble[s]):.3f} of the step on an ideal clock, "
+                f"more than the {float(pl.bubble_formula(p, m)):.3f} of (p-1)/(m+p-1): too few warm-up forwards "
+                f"leave later stages waiting. Your order: {order}.\nHint: {hint}")
+    return orders
+
+
+def _run_orders(orders, m, data):
+    rank = dist.get_rank()
+    r = pl.train_stage(lambda st, xs, ys, mm: pl.run_order(st, orders[rank], xs, ys, mm), steps=1, m=m, data=data)
+    return r["params"], r["peak_bytes"], r["microbatch_bytes"]
+
+
+def check_one_f_one_b(one_f_one_b_order, exercise: str = "Exercise 14.2 (the 1F1B order)") -> None:
+    """`one_f_one_b_order(stage, p, m)` -> that stage's list of ("F", i) / ("B", i): every stage's order replayed
+    on an ideal clock for p = 2..5 and m = 1..9 (no deadlock, bubble = (p-1)/(m+p-1), at most min(p - stage, m)
+    micro-batches in flight), then run with send/recv on 2 and 4 real ranks: weights = single-process SGD."""
+    hint = ("stage s runs min(p - s - 1, m) forwards first (warm-up), then alternates one forward and one backward "
+            "(the oldest micro-batch's), then runs the backwards left (cool-down)")
+    with _switched_off(exercise, "the 1F1B order", library=[f"{PIPE}.one_f_one_b_order"]):
+        for p in range(2, 6):
+            for m in range(1, 10):
+                _check_order(exercise, one_f_one_b_order, p, m, hint)
+        real = {p: [[tuple(a) for a in one_f_one_b_order(s, p, 8)] for s in range(p)] for p in (2, 4)}
+    reference, _ = pl.train_reference(steps=1)
+    data = load_digits()
+    for p, orders in real.items():
+        try:
+            vals = run(_run_orders, world_size=p, args=(orders, 8, data), output="none", timeout=60).values
+        except RankFailed as e:
+            raise ExerciseFailed(f"{exercise}: your orders failed on {p} real ranks (rank {e.rank}):\n{e}\n"
+                                 f"Hint: {hint}") from None
+        from ..training.tolerance import max_diff, sgd_atol
+        for s, ((params, peak, per_mb), want) in enumerate(zip(vals, pl.stage_params(reference, p))):
+            if max_diff(params, want) > sgd_atol(1, 0.1, 32, 256):
+                raise ExerciseFailed(f"{exercise}: {p} ranks: stage {s}'s weights after one step differ from "
+                                     f"single-process SGD by {max_diff(params, want):.2e}.\nHint: {hint}")
+            if peak != min(p - s, 8) * per_mb:
+                raise ExerciseFailed(f"{exercise}: {p} ranks: stage {s} kept {peak} bytes of activations at its "
+                                     f"peak, {peak / per_mb:g} micro-batches' worth; 1F1B keeps {min(p - s, 8)}.")
+    print(f"PASS {exercise}: no deadlock, bubble (p-1)/(m+p-1) and at most min(p - stage, m) micro-batches in flight "
+          f"for p = 2..5, m = 1..9; on 2 and 4 real ranks the weights equal single-process SGD")
+
+
+# ---------------------------------------------------------------------------------------------- 14.3
+STEPS, OVERFLOW = 8, {2: 1, 3: 0, 5: 1}          # step -> the one stage (rank) whose gradients overflow
+
+
+def _loss_scaling_case(learner, growth_interval, lr):
+    from ..measure.comm_log import CommLog
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    stage = nn.Linear(4, 4)
+    scaler = {"scale": 2.0 ** 10, "good_steps": 0, "growth_interval": growth_interval}
+    history = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        for q in stage.parameters():
+            q.grad = torch.randn(q.shape, generator=g) * scaler["scale"]      # gradients of loss x scale
+        if OVERFLOW.get(step) == rank:
+            stage.weight.grad[0, 0] = float("inf")
+        with CommLog() as log:
+            with _switched_off("Exercise 14.3", "loss scaling by hand",
+                               library=["torch.amp.grad_scaler.GradScaler.unscale_",
+                                        "torch.amp.grad_scaler.GradScaler.step",
+                                        "torch.amp.grad_scaler.GradScaler.update"]):
+                stepped = learner(stage, lr, scaler)
+        history.append((bool(stepped), scaler["scale"], scaler["good_steps"], [c.op for c in log.calls],
+                        [q.detach().clone() for q in stage.parameters()]))
+    return history
+
+
+def _reference_history(rank, growth_interval, lr):
+    torch.manual_seed(rank)
+    stage = nn.Linear(4, 4)
+    sc = LossScaler(2.0 ** 10, growth_interval=growth_interval)
+    out = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        grads = [torch.randn(q.shape, generator=g) * sc.scale for q in stage.parameters()]
+        found = step in OVERFLOW                        # on one stage, so on every stage
+        scale = sc.scale
+        if sc.update(found):
+            with torch.no_grad():
+                for q, gr in zip(stage.parameters(), grads):
+                    q -= lr * gr / scale
+        out.append((not found, sc.scale, sc.good_steps, [q.detach().clone() for q in stage.parameters()]))
+    return out
+
+
+def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14.3 (loss scaling across stages)") -> None:
+    """`scaled_sgd_step(stage, lr, scaler)` on every pipeline stage: the stage's .grad hold gradients of
+    loss x scaler["scale"]; unscale, skip the step on every stage if any stage's gradients hold inf/NaN (one
+    all_reduce), update scaler["scale"] and scaler["good_steps"] by GradScaler's rules; return whether it stepped."""
+    hint = ("found = any non-finite gradient on this stage, as a tensor; dist.all_reduce(found, op=ReduceOp.MAX) so "
+            "every stage knows; on overflow: no update, scale x 0.5, good_steps = 0; else w -= lr x grad / scale, "
+            "good_steps += 1, and at growth_interval good steps: scale x 2, good_steps = 0")
+    lr, growth = 0.1, 2
+    for world in (2, 3):
+        try:
+            vals = run(_loss_scaling_case, world_size=world, args=(scaled_sgd_step, growth, lr), output="none",
+                       timeout=60).values
+        except RankFailed as e:
+            if e.failure.etype == "NotImplementedError":
+                raise NotImplementedError(f"{exercise}: {e.failure.message}") from None
+            raise ExerciseFailed(f"{exercise}: rank {e.rank} failed with {world} stages:\n{e}\nHint: {hint}") from None
+        refs = [_reference_history(rank, growth, lr) for rank in range(world)]
+        for step in range(STEPS):
+            per_rank = [h[step] for h in vals]
+            stepped = [h[0] for h in per_rank]
+            if len(set(stepped)) > 1:
+                who = ", ".join(f"stage {r} {'stepped' if s else 'skipped'}" for r, s in enumerate(stepped))
+                raise ExerciseFailed(
+                    f"{exercise}: {world} stages, step {step}: {who}. The overflow was on one stage only; a pipeline "
+                    f"step is one step of the whole model, so every stage must skip it together.\nHint: {hint}")
+            for rank, got in enumerate(per_rank):
+                want = refs[rank][step]
+                if got[0] != want[0]:
+                    raise ExerciseFailed(f"{exercise}: {world} stages, step {step}: your step "
+                                         f"{'ran' if got[0] else 'was skipped'}; it should "
+                                         f"{'run' if want[0] else 'be skipped (a gradient overflowed)'}.\nHint: {hint}")
+                if (got[1], got[2]) != (want[1], want[2]):
+                    raise ExerciseFailed(
+                        f"{exercise}: {world} stages, step {step}, stage {rank}: after the step scale = {got[1]:g}, "
+                        f"good_steps = {got[2]}; expected scale = {want[1]:g}, good_steps = {want[2]} (growth_interval "
+                        f"{growth}).\nHint: {hint}")
+                diff = max((a - b).abs().max().item() for a, b in zip(got[4], want[3]))
+                if diff > 1e-6:
+                    raise ExerciseFailed(
+                        f"{exercise}: {world} stages, step {step}, stage {rank}: weights differ from the reference by "
+                        f"{diff:.3g}; the gradients hold loss x scale: divide by the scale used in this step's "
+                        f"backward, before updating the scale.\nHint: {hint}")
+                if got[3] != ["all_reduce"]:
+                    raise ExerciseFailed(
+                        f"{exercise}: {world} stages, step {step}, stage {rank}: your step ran {got[3] or 'no '} "
+                        f"collectives; it needs exactly one all_reduce (of the found-inf flag).\nHint: {hint}")
+    print(f"PASS {exercise}: 2 and 3 stages, {STEPS} steps with overflows on one stage: every stage skips together, "
+          f"scale and weights follow GradScaler's rules, one all_reduce per step")

@@ -1,0 +1,185 @@
+"""Activation memory: the bytes autograd keeps for backward, counted from saved-tensor hooks (notebook 14).
+
+`ActivationMeter` sees every tensor an op saves for its backward (torch.autograd.graph.saved_tensors_hooks) and
+holds it in a small object whose deletion tells the meter the tensor was released, so `live` and `peak` follow what
+autograd really keeps, storage by storage (a tensor saved by two ops, like a ReLU's output that the next Linear
+also saves, is counted once). Parameters, and views or casts of them (autocast's bf16 copy of a weight), are not
+activations and are left out (casts are counted apart). Formulas: the course's MLP (each Linear keeps its input,
+each ReLU its output) and a transformer layer, s·b·h·(34 + 5·a·s/h) bytes in 16-bit (Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models", section 4.1, equation 1), built by
+`TransformerLayer` below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+# grad_fn names through which a saved tensor may still be a parameter (a transpose, a view, autocast's cast)
+_PARAM_PATH = {"TBackward0", "ToCopyBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
+               "ExpandBackward0", "UnsqueezeBackward0", "ReshapeAliasBackward0"}
+
+
+def parameter_kind(t: torch.Tensor) -> str | None:
+    """"parameter" for an nn.Parameter or a view of one (what a Linear saves as its weight), "cast" for a copy of
+    one in another dtype (autocast's 16-bit weight), None for anything else (an activation)."""
+    if isinstance(t, nn.Parameter):
+        return "parameter"
+    fn, cast = t.grad_fn, False
+    while fn is not None and fn.name() in _PARAM_PATH:
+        cast = cast or fn.name() == "ToCopyBackward0"
+        fn = fn.next_functions[0][0]
+    if fn is not None and type(fn).__name__ == "AccumulateGrad" and isinstance(fn.variable, nn.Parameter):
+        return "cast" if cast else "parameter"
+    return None
+
+
+class _Held:
+    """What autograd stores instead of the tensor: releasing it (after backward) releases the meter's count."""
+
+    __slots__ = ("t", "meter", "key")
+
+    def __init__(self, t, meter, key):
+        self.t, self.meter, self.key = t, meter, key
+
+    def __del__(self):
+        self.meter._release(self.key)
+
+
+class ActivationMeter:
+    """`with meter:` around a forward: `meter.live` bytes of activations saved for backward and not yet released,
+    `meter.peak` the most at any time, `meter.records` [(label, dtype, bytes)] per distinct storage (label =
+    meter.label); `meter.casts` bytes of 16-bit weight copies saved (autocast), counted apart."""
+
+    def __init__(self):
+        self.live = self.peak = self.casts = 0
+        self._cast_seen: set[int] = set()
+        self.label = ""
+        self.records: list[tuple[str, torch.dtype, int]] = []
+        self._refs: dict[int, int] = defaultdict(int)
+        self._size: dict[int, int] = {}
+        self._hooks = None
+
+    def _pack(self, t):
+        kind = parameter_kind(t)
+        if kind == "cast" and t.untyped_storage().data_ptr() not in self._cast_seen:
+            self._cast_seen.add(t.untyped_storage().data_ptr())
+            self.casts += t.untyped_storage().nbytes()
+        if kind is not None:
+            return t
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if self._refs[key] == 0:
+            self._size[key] = storage.nbytes()
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            self.records.append((self.label, t.dtype, storage.nbytes()))
+        self._refs[key] += 1
+        return _Held(t, self, key)
+
+    @staticmethod
+    def _unpack(h):
+        return h.t if isinstance(h, _Held) else h
+
+    def _release(self, key):
+        self._refs[key] -= 1
+        if self._refs[key] == 0:
+            self.live -= self._size.pop(key)
+            del self._refs[key]
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        return False
+
+
+def saved_by_layer(model: nn.Sequential, x: torch.Tensor) -> tuple[list[tuple[str, int]], int]:
+    """Forward `model` on x with a meter: [(layer name, bytes of storages first saved by that layer)] and the
+    total kept for backward (distinct storages). The graph is freed before returning."""
+    meter = ActivationMeter()
+    out = x
+    with meter:
+        for name, layer in model.named_children():
+            meter.label = f"{name}: {type(layer).__name__}"
+            out = layer(out)
+    per: dict[str, int] = defaultdict(int)
+    for label, _, nbytes in meter.records:
+        per[label] += nbytes
+    rows = [(f"{n}: {type(la).__name__}", per[f"{n}: {type(la).__name__}"]) for n, la in model.named_children()]
+    total = meter.live
+    del out
+    return rows, total
+
+
+def mlp_activation_formula(model: nn.Sequential, batch: int, bytes_per: int = 4) -> list[int]:
+    """Bytes each layer adds to what backward keeps: a Linear its input (batch x in_features) when nothing before
+    it kept that tensor (only the first), a ReLU its output (batch x width), which the next Linear reuses."""
+    rows, width, kept_input = [], None, False
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            rows.append(0 if kept_input else batch * layer.in_features * bytes_per)
+            width, kept_input = layer.out_features, False
+        elif isinstance(layer, nn.ReLU):
+            rows.append(batch * width * bytes_per)
+            kept_input = True
+        else:
+            raise ValueError(f"no formula for {type(layer).__name__}")
+    return rows
+
+
+def transformer_formula(s: int, b: int, h: int, a: int) -> dict:
+    """Korthikanti et al. 2022, section 4.1, 16-bit activations and 1-byte dropout masks: attention 11sbh + 5as²b,
+    MLP 19sbh, two LayerNorms 4sbh; total sbh(34 + 5as/h)."""
+    out = {"attention": 11 * s * b * h + 5 * a * s * s * b, "mlp": 19 * s * b * h, "layernorms": 4 * s * b * h}
+    out["total"] = sum(out.values())
+    assert out["total"] == s * b * h * (34 + 5 * a * s / h)
+    return out
+
+
+class TransformerLayer(nn.Module):
+    """A GPT layer as the paper counts it (Megatron-LM's: pre-LayerNorm, attention with softmax dropout, 4h MLP with
+    GeLU, dropout before each residual add). Input and output are s x b x h (sequence first)."""
+
+    def __init__(self, h: int, a: int, dropout: float = 0.1):
+        super().__init__()
+        self.a, self.d = a, h // a
+        self.ln1, self.qkv, self.proj = nn.LayerNorm(h), nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        self.drop = nn.Dropout(dropout)
+
+    def attention(self, x):
+        s, b, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(s, b * self.a, 3 * self.d).transpose(0, 1).chunk(3, dim=-1)
+        scores = torch.bmm(q, k.transpose(1, 2)) * (1 / math.sqrt(self.d))     # (b·a, s, s)
+        probs = self.drop(torch.softmax(scores, dim=-1))
+        context = torch.bmm(probs, v).transpose(0, 1).reshape(s, b, h)
+        return x + self.drop(self.proj(context))
+
+    def forward(self, x):
+        x = self.attention(x)
+        return x + self.drop(self.fc2(nn.functional.gelu(self.fc1(self.ln2(x)))))
+
+
+def cpu_extras(s: int, b: int, h: int, a: int, dtype: torch.dtype) -> dict:
+    """What this torch build keeps beyond the paper's count for a TransformerLayer, probed on tiny inputs: dropout
+    masks at `mask_bytes` per element instead of 1 (three masks: a·s²·b + 2·s·b·h elements), and each LayerNorm's
+    mean and 1/std (s·b values each, two LayerNorms)."""
+    with ActivationMeter() as meter:          # the outputs stay alive (assigned) so their graphs keep what they saved
+        kept = nn.functional.dropout(torch.ones(64, dtype=dtype, requires_grad=True), 0.5, training=True)
+        mask_bytes = meter.live // 64
+    x = torch.ones(4, 8, dtype=dtype, requires_grad=True)
+    with ActivationMeter() as meter:
+        kept = nn.functional.layer_norm(x, (8,))
+        stats_per_row = (meter.live - x.untyped_storage().nbytes()) // 4
+    del kept
+    out = {"mask_bytes": mask_bytes, "masks": (mask_bytes - 1) * (a * s * s * b + 2 * s * b * h),
+           "layernorm_stats": 2 * s * b * stats_per_row}
+    out["total"] = out["masks"] + out["layernorm_stats"]
+    return out

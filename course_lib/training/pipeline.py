@@ -1,0 +1,318 @@
+"""Pipeline parallelism from send/recv: a deep MLP cut into stages, the GPipe and 1F1B schedules (notebook 14).
+
+GPipe: Huang et al., "GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism", NeurIPS 2019
+(all forwards, then all backwards). 1F1B: PipeDream-Flush (Narayanan et al., "Memory-Efficient Pipeline-Parallel
+DNN Training", ICML 2021), the schedule of Megatron-LM (Narayanan et al., SC'21, section 2.2.1): p - s - 1 warm-up
+forwards on stage s, then one forward and one backward in turn, so at most p - s micro-batches are in flight. Both
+give the gradient of the whole batch (gradient accumulation over micro-batches), so training ends with the weights
+of single-process SGD. Compute can be emulated by fixed sleeps (Stage(fwd_s=...)) so that the bubble
+(p - 1) / (m + p - 1) is measurable on a CPU shared by every rank; the real layers still run.
+"""
+
+from __future__ import annotations
+
+import time
+from fractions import Fraction
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..devices import device
+from ..measure.activations import ActivationMeter
+from ..measure.timeline import Timeline, busy, region
+from .data import combined_batch, load_digits
+from .model import flat_params
+
+
+# ---------------------------------------------------------------------------------------------- model and stages
+def make_deep_mlp(layers: int = 8, hidden: int = 256, seed: int = 0) -> nn.Sequential:
+    """The digits MLP made deeper: 64 -> hidden -> ... -> hidden -> 10, `layers` Linears with ReLU between them."""
+    torch.manual_seed(seed)
+    sizes = [64] + [hidden] * (layers - 1) + [10]
+    mods: list[nn.Module] = []
+    for i in range(layers):
+        mods.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < layers - 1:
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods)
+
+
+def stage_bounds(model: nn.Sequential, p: int) -> list[tuple[int, int]]:
+    """[start, end) of each stage's modules: the Linears split as evenly as possible, each ReLU with its Linear."""
+    linears = [i for i, m in enumerate(model) if isinstance(m, nn.Linear)]
+    if not 1 <= p <= len(linears):
+        raise ValueError(f"a model of {len(linears)} Linears can be cut into 1 to {len(linears)} stages, not {p}")
+    cuts = [linears[len(linears) * s // p] for s in range(p)] + [len(model)]
+    return [(cuts[s], cuts[s + 1]) for s in range(p)]
+
+
+class Sleep(torch.autograd.Function):
+    """Identity whose forward sleeps fwd_s and backward bwd_s, each labelled in the timeline's compute lane."""
+
+    @staticmethod
+    def forward(ctx, x, fwd_s, bwd_s):
+        ctx.bwd_s = bwd_s
+        with region("compute", "F"):
+            time.sleep(fwd_s)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with region("compute", "B"):
+            time.sleep(ctx.bwd_s)
+        return grad, None, None
+
+
+class Stage(nn.Module):
+    """One stage's layers; `fwd_s` > 0 adds a fixed compute time (backward twice as long, as for a matrix multiply:
+    two products per one of forward); `meter` counts the activations the layers keep for backward."""
+
+    def __init__(self, layers: nn.Sequential, fwd_s: float = 0.0, meter: ActivationMeter | None = None):
+        super().__init__()
+        self.layers, self.fwd_s, self.meter = layers, fwd_s, meter
+
+    def forward(self, x):
+        if self.meter is not None:
+            with self.meter:
+                out = self.layers(x)
+        else:
+            out = self.layers(x)
+        return Sleep.apply(out, self.fwd_s, 2 * self.fwd_s) if self.fwd_s else out
+
+
+def make_stage(p: int, rank: int, layers: int = 8, hidden: int = 256, fwd_s: float = 0.0, meter=None) -> Stage:
+    """Rank `rank`'s stage of make_deep_mlp cut into p: every rank builds the same model (same seed), keeps its part."""
+    model = make_deep_mlp(layers, hidden)
+    start, end = stage_bounds(model, p)[rank]
+    return Stage(nn.Sequential(*list(model)[start:end]), fwd_s, meter)
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+def gpipe_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
+    """GPipe: every micro-batch's forward, then every backward (the same on every stage)."""
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def one_f_one_b_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
+    """1F1B (PipeDream-Flush): min(p - stage - 1, m) warm-up forwards, then F, B in turn, then the last backwards."""
+    warm = min(p - stage - 1, m)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
+SCHEDULES = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
+
+
+def bubble_formula(p: int, m: int) -> Fraction:
+    """Share of a step each stage idles, exactly: (p - 1) / (m + p - 1) (GPipe, section 2.2; Megatron SC'21,
+    section 2.2.1, where it is the bubble time over the whole step)."""
+    return Fraction(p - 1, m + p - 1)
+
+
+def in_flight_formula(schedule: str, stage: int, p: int, m: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak: GPipe m, 1F1B min(p - stage, m)."""
+    return m if schedule == "gpipe" else min(p - stage, m)
+
+
+def peak_in_flight(order) -> int:
+    """Most forwards not yet matched by their backward at any point of a stage's order."""
+    live = peak = 0
+    for kind, _ in order:
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def simulate(orders: list, fwd: int = 1, bwd: int = 2) -> list[list[tuple[str, int, int, int]]]:
+    """Run every stage's order on an ideal clock (forward `fwd` slots, backward `bwd`, messages free): F i on stage s
+    waits for F i on s-1, B i for B i on s+1. Returns per stage [(kind, i, start, end)]; raises on a deadlock."""
+    p = len(orders)
+    done: dict[tuple[str, int, int], int] = {}
+    pos, free, out = [0] * p, [0] * p, [[] for _ in range(p)]
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][pos[s]]
+            dep = ("F", s - 1, i) if kind == "F" and s > 0 else ("B", s + 1, i) if kind == "B" and s < p - 1 else None
+            if kind == "B" and s == p - 1:
+                dep = ("F", s, i)              # the last stage's backward starts from its own forward's loss
+            if dep is not None and dep not in done:
+                continue
+            start = max(free[s], done.get(dep, 0))
+            end = start + (fwd if kind == "F" else bwd)
+            done[(kind, s, i)] = free[s] = end
+            out[s].append((kind, i, start, end))
+            pos[s] += 1
+            moved = True
+        if not moved:
+            stuck = {s: orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])}
+            raise RuntimeError(f"the schedule deadlocks: each stage waits for another (next actions {stuck})")
+    return out
+
+
+def simulated_bubble(orders: list, fwd: int = 1, bwd: int = 2) -> list[Fraction]:
+    """Each stage's idle share of the ideal clock from simulate(), as an exact fraction."""
+    runs = simulate(orders, fwd, bwd)
+    span = max(e for r in runs for *_, e in r)
+    return [1 - Fraction(sum(e - s for *_, s, e in r), span) for r in runs]
+
+
+# ---------------------------------------------------------------------------------------------- one step on ranks
+def forward_one(stage: Stage, i: int, xs, ys, m: int, saved: dict, sends: list) -> float | None:
+    """Micro-batch i's forward on this stage: receive its input from the previous stage (dist.recv), run the
+    layers, send the output on (dist.isend: a stage never waits for its neighbour to take it). The last stage
+    computes the loss / m instead (the mean over the whole batch) and returns it."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        x = xs[i]
+    else:
+        x = torch.empty(len(xs[i]), stage_width(stage, "in"), device=device())
+        dist.recv(x, src=rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    if rank == p - 1:
+        out = nn.functional.cross_entropy(out, ys[i]) / m
+    else:
+        sends.append(dist.isend(out.detach(), dst=rank + 1))
+    saved[i] = (x, out)
+    return out.item() if rank == p - 1 else None
+
+
+def backward_one(i: int, saved: dict, sends: list) -> None:
+    """Micro-batch i's backward: the gradient of the output from the next stage (the loss itself on the last),
+    backward through the layers (gradients accumulate), the input's gradient sent to the previous stage."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    x, out = saved.pop(i)
+    if rank == p - 1:
+        out.backward()
+    else:
+        grad = torch.empty_like(out)
+        dist.recv(grad, src=rank + 1)
+        out.backward(grad)
+    if rank > 0:
+        sends.append(dist.isend(x.grad, dst=rank - 1))
+
+
+def run_order(stage: Stage, order, xs, ys, m: int) -> list[float]:
+    """One step of any schedule given as this stage's order of ("F", i) / ("B", i): the library's executor."""
+    saved, sends, losses = {}, [], []
+    for kind, i in order:
+        if kind == "F":
+            loss = forward_one(stage, i, xs, ys, m, saved, sends)
+            if loss is not None:
+                losses.append(loss)
+        else:
+            backward_one(i, saved, sends)
+    for w in sends:
+        w.wait()
+    return losses
+
+
+def stage_width(stage: Stage, side: str) -> int:
+    """Features entering (side="in") or leaving ("out") the stage."""
+    linears = [mod for mod in stage.layers if isinstance(mod, nn.Linear)]
+    return linears[0].in_features if side == "in" else linears[-1].out_features
+
+
+def microbatches(data, step: int, batch: int, m: int) -> tuple[list, list]:
+    """The step's batch of the digits (as single-process training sees it) cut into m equal micro-batches."""
+    if batch % m:
+        raise ValueError(f"the batch of {batch} does not split into {m} equal micro-batches; pick m dividing {batch}")
+    x, y = combined_batch(*data, 1, batch, step)
+    return [c.clone() for c in x.chunk(m)], [c.clone() for c in y.chunk(m)]   # each its own tensor, as a loader gives
+
+
+def train_stage(step_fn, steps: int = 3, m: int = 4, batch: int = 32, lr: float = 0.1, layers: int = 8,
+                hidden: int = 256, fwd_s: float = 0.0, record: bool = False, data=None) -> dict:
+    """On every rank: its stage trained with SGD, each step's gradients from `step_fn(stage, xs, ys, m)` (one
+    pipeline step with send/recv; returns the last stage's micro-batch losses). With `record`, the last step runs
+    under a Timeline; every step under an ActivationMeter: the peak bytes kept for backward, one micro-batch's.
+    `data`: the digits (x, y) if the caller has them already (parsing them costs every rank a moment)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    meter = ActivationMeter()
+    stage = make_stage(p, rank, layers, hidden, fwd_s, meter).to(device())
+    data, losses, events = data or load_digits(), [], []
+    for step in range(steps):
+        xs, ys = microbatches(data, step, batch, m)
+        xs, ys = [x.to(device()) for x in xs], [y.to(device()) for y in ys]
+        stage.zero_grad()
+        meter.peak, meter.records = meter.live, []
+        with Timeline(record and step == steps - 1) as tl:
+            losses.append(sum(step_fn(stage, xs, ys, m) or []))
+        events = tl.events or events
+        with torch.no_grad():
+            for q in stage.parameters():
+                q -= lr * q.grad
+    per_mb = sum(b for _, _, b in meter.records) // m
+    return {"params": flat_params(stage).cpu(), "losses": losses if rank == p - 1 else [], "events": events,
+            "peak_bytes": meter.peak, "microbatch_bytes": per_mb}
+
+
+def pipeline_train(schedule: str = "1f1b", **kwargs) -> dict:
+    """train_stage with the library's schedule `schedule` ("gpipe" or "1f1b") run by run_order."""
+    order_fn = SCHEDULES[schedule]
+    return train_stage(lambda st, xs, ys, m: run_order(st, order_fn(dist.get_rank(), dist.get_world_size(), m),
+                                                       xs, ys, m), **kwargs)
+
+
+def actions(events) -> list[tuple[str, int, float, float]]:
+    """A rank's Timeline events as its schedule: [(kind, micro-batch, start, end)] for each F and B region, numbered
+    in the order they ran (both schedules run the forwards in order 0..m-1, and the backwards too)."""
+    seen = {"F": 0, "B": 0}
+    out = []
+    for lane, name, start, end in events:
+        if lane == "compute" and name in seen:
+            out.append((name, seen[name], start, end))
+            seen[name] += 1
+    return out
+
+
+def measured_bubble(per_rank: list) -> list[float]:
+    """Each rank's idle share of the step from its Timeline events: 1 - (its time in the compute lane) / (the step,
+    from the common barrier to the end of the last compute on any rank)."""
+    span = max(e for events in per_rank for lane, _, _, e in events if lane == "compute")
+    return [1 - busy(events, "compute") / span for events in per_rank]
+
+
+def train_reference(steps: int = 3, batch: int = 32, lr: float = 0.1, layers: int = 8, hidden: int = 256):
+    """Single-process SGD on the whole batch of each step: the weights every pipeline run must end with."""
+    model, data = make_deep_mlp(layers, hidden), load_digits()
+    losses = []
+    for step in range(steps):
+        x, y = combined_batch(*data, 1, batch, step)
+        model.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        with torch.no_grad():
+            for q in model.parameters():
+                q -= lr * q.grad
+    return model, losses
+
+
+def stage_params(model: nn.Sequential, p: int) -> list[torch.Tensor]:
+    """The single-process model's parameters cut as the p stages hold them (flat, one tensor per stage)."""
+    return [flat_params(nn.Sequential(*list(model)[a:b])) for a, b in stage_bounds(model, p)]
+
+
+def hand_off_latency(rounds: int = 20) -> float:
+    """Mean one-way time of a small message between neighbouring stages, by ping-pong (every rank takes part)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    t = torch.zeros(256, device=device())
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for a in range(p - 1):                  # a -> a+1 -> a, along the pipeline
+            if rank == a:
+                dist.send(t, a + 1)
+                dist.recv(t, a + 1)
+            elif rank == a + 1:
+                dist.recv(t, a)
+                dist.send(t, a)
+    dist.barrier()
+    return (time.perf_counter() - start) / (rounds * 2 * (p - 1))

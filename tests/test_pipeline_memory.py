@@ -1,0 +1,108 @@
+"""Activation memory and the layout calculator (notebook 14): bytes saved for backward = the formulas, exactly;
+checkpointing keeps 2sbh per layer; the calculator reproduces the ZeRO paper's figure 1 and BLOOM-176B's run."""
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from course_lib import hardware
+from course_lib.measure.activations import (
+    ActivationMeter,
+    TransformerLayer,
+    cpu_extras,
+    mlp_activation_formula,
+    saved_by_layer,
+    transformer_formula,
+)
+from course_lib.training import make_mlp
+from course_lib.training import parallel_plan as pp
+from course_lib.training.pipeline import make_deep_mlp
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+def test_mlp_layers_keep_their_inputs_and_relu_outputs(batch):
+    for model in (make_mlp(), make_deep_mlp(layers=5, hidden=64)):
+        rows, total = saved_by_layer(model, torch.randn(batch, 64))
+        assert [b for _, b in rows] == mlp_activation_formula(model, batch)
+        assert total == sum(mlp_activation_formula(model, batch))
+
+
+def test_the_meter_follows_backward_freeing_what_it_counted():
+    model = make_mlp()
+    with ActivationMeter() as meter:
+        out = model(torch.randn(8, 64))
+    assert meter.live == meter.peak == sum(mlp_activation_formula(model, 8))
+    out.sum().backward()
+    assert meter.live == 0
+
+
+@pytest.mark.parametrize("s,b,h,a", [(16, 2, 64, 4), (32, 1, 128, 8), (8, 3, 32, 2)])
+def test_transformer_layer_keeps_the_papers_bytes_plus_what_this_build_adds(s, b, h, a):
+    torch.manual_seed(0)
+    layer = TransformerLayer(h, a).to(torch.bfloat16)
+    with ActivationMeter() as meter:
+        out = layer(torch.randn(s, b, h, dtype=torch.bfloat16, requires_grad=True))   # noqa: F841 (keeps the graph)
+    want = transformer_formula(s, b, h, a)
+    assert want["total"] == s * b * h * (34 + 5 * a * s / h)
+    assert meter.live == want["total"] + cpu_extras(s, b, h, a, torch.bfloat16)["total"]
+
+
+def test_checkpointing_keeps_only_each_layers_input():
+    s, b, h, a, L = 16, 2, 32, 4, 3
+    layers = [TransformerLayer(h, a).to(torch.bfloat16) for _ in range(L)]
+    x = torch.randn(s, b, h, dtype=torch.bfloat16, requires_grad=True)
+    with ActivationMeter() as meter:
+        y = x
+        for layer in layers:
+            y = checkpoint(layer, y, use_reentrant=False)
+    assert meter.live == L * 2 * s * b * h
+    y.float().sum().backward()
+    assert meter.live == 0 and x.grad is not None
+
+
+def test_autocast_halves_activations_and_counts_the_weight_copies_apart():
+    model = make_deep_mlp()
+    x = torch.randn(16, 64)
+    with ActivationMeter() as full:
+        model(x)                       # the graph is freed at once; the peak stays
+    with ActivationMeter() as half, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    assert 2 * half.peak == full.peak and full.casts == 0
+    assert half.casts == 2 * sum(layer.weight.numel() for layer in model[2::2])
+
+
+def test_calculator_model_states_reproduce_zero_figure_1():
+    model = pp.Transformer("7.5B", 1, 1, 1, 1, 1, params=7.5e9)
+    got = [round(pp.model_state_bytes(model, pp.Layout(1, 1, 64, zero=z))["total"] / 1e9, 1) for z in (0, 1, 2, 3)]
+    assert got == [120.0, 31.4, 16.6, 1.9]                 # Rajbhandari et al. SC'20, figure 1
+
+
+def test_calculator_activation_formulas_match_korthikanti_table_2():
+    m = pp.Transformer("x", 10, 1024, 16, 512, 1000)
+    s, b, h, a = 512, 2, 1024, 16
+    one = pp.Layout(1, 1, 1, micro_batch=b, recompute="none", sequence_parallel=False)
+    assert pp.activation_bytes_per_layer(m, one) == transformer_formula(s, b, h, a)["total"]
+    sp = pp.Layout(4, 1, 1, micro_batch=b, recompute="none", sequence_parallel=True)
+    assert pp.activation_bytes_per_layer(m, sp) == pytest.approx(transformer_formula(s, b, h, a)["total"] / 4)
+    full = pp.Layout(4, 2, 1, micro_batch=b, recompute="full")
+    assert pp.activation_bytes_per_layer(m, full) == 2 * s * b * h
+
+
+def test_calculator_on_bloom():
+    runs = {r["name"]: r for r in hardware.training_runs()}
+    r = runs["BLOOM-176B"]
+    row = next(x for x in hardware.load_table("parallel_layouts") if x["model"] == "BLOOM-176B")
+    bloom = pp.Transformer("BLOOM-176B", r["layers"], r["hidden"], r["heads"], row["seq_len"], 250880, r["params"])
+    cl = pp.Cluster(hardware.row("accelerators", "A100 80GB SXM"), hardware.row("links", "NVLink 3 (A100)"),
+                    hardware.row("links", "InfiniBand HDR"))
+    lay = pp.Layout(row["tp"], row["pp"], row["dp"], row["micro_batch"], row["global_batch"], row["zero_stage"],
+                    "full", False)
+    assert lay.gpus == r["gpus"] and pp.plan(bloom, lay, cl)["fits"]
+    assert not pp.plan(bloom, pp.Layout(1, 1, 384, 2, 2048, 1, "full", False), cl)["fits"]
+    days = pp.flops_per_step(bloom, 1, "full") * r["tokens"] / row["seq_len"] / (384 * r["tflops_per_gpu"] * 1e12)
+    assert abs(days / 86400 - r["duration_days"]) / r["duration_days"] < 0.05
+    t = pp.step_time(bloom, lay, cl)
+    assert t["bubble"] == pytest.approx((lay.pp - 1) / lay.microbatches * (t["compute"] + t["tp_comm"] + t["pp_comm"]))
+    found = pp.layouts(bloom, 384, cl, lay)
+    assert any((x["layout"].tp, x["layout"].pp, x["layout"].dp) == (4, 12, 8) for x in found)
+    assert all(x["layout"].gpus == 384 for x in found) and found[0]["fits"]
