@@ -51,13 +51,17 @@ def names(ranks) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
+def _in_torch(filename: str) -> bool:
+    return "/torch/" in filename.replace("\\", "/")
+
+
 def timed_out_call(frames: list) -> str:
     """The torch.distributed call a rank was waiting in, from its traceback: 'dist.recv', or the line itself."""
     calls = [name for filename, _, name, _ in frames if filename.endswith("distributed_c10d.py")]
     if calls:
         return f"dist.{calls[0]}"
     own = [line or linecache.getline(filename, lineno or 0) for filename, lineno, _, line in frames
-           if "/torch/" not in filename.replace("\\", "/")]
+           if not _in_torch(filename)]
     own = [line.strip() for line in own if line and line.strip()]
     return f"`{own[-1]}`" if own else "a collective or recv"
 
@@ -144,15 +148,22 @@ class RankFailure:
         return f"rank {self.rank}: {shorten(what)}"
 
     def formatted_traceback(self) -> str:
-        """The rank's traceback, with source lines of notebook cells filled in from this kernel's cache."""
+        """The rank's traceback, with source lines of notebook cells filled in from this kernel's cache; the frames
+        inside torch below the learner's last one are summed up in a line (all of them are in ``.traceback``)."""
         if not self.frames:
             return self.traceback
+        own = [i for i, f in enumerate(self.frames) if not _in_torch(f[0])]
+        keep = self.frames[: own[-1] + 1] if own else self.frames
         lines = [f"Traceback of rank {self.rank} (most recent call last):"]
-        for filename, lineno, name, line in self.frames:
+        for filename, lineno, name, line in keep:
             lines.append(f'  File "{filename}", line {lineno}, in {name}')
             line = line or linecache.getline(filename, lineno or 0).strip()
             if line:
                 lines.append(f"    {line}")
+        inside = self.frames[len(keep):]
+        if inside:
+            lines.append(f"  ... then {len(inside)} frame{'s' if len(inside) > 1 else ''} inside torch, down to "
+                         f"{inside[-1][2]}() in {inside[-1][0].replace(chr(92), '/').rsplit('/', 1)[-1]}")
         lines.append(f"{self.etype}: {clean(self.message)}")
         return "\n".join(lines)
 

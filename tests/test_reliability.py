@@ -1,6 +1,7 @@
 """Failures, hangs and interrupts: the first failing rank is named, every rank is ended, nothing is left behind."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,6 +179,11 @@ def test_a_rank_waiting_in_a_collective_is_released_by_the_timeout(warm_server):
     # Said as a timeout in the call it waited in, not as "your function failed"; the hint names the late rank.
     assert text.startswith(f"rank {err.value.rank} timed out after 2 s waiting in dist.all_reduce: ")
     assert 0 in err.value.still_running
+    # The traceback ends at the learner's line; torch's own frames below it are summed up, not listed with paths.
+    summed = r"\n  \.\.\. then \d+ frames? inside torch, down to all_reduce\(\) in distributed_c10d\.py\n"
+    assert re.search(summed, text)
+    assert "site-packages" not in text and "c10d_logger" not in text
+    assert "distributed_c10d.py" in err.value.failure.traceback  # all of it is still kept
     # Rank 0 never came; the other waiting rank may still have been running too when the first one gave up.
     other = 3 - err.value.rank
     alone = "Look at rank 0, which was still running: it did not call the matching operation."
