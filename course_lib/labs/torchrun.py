@@ -103,13 +103,16 @@ def split_gpus(nnodes: int, nproc: int, gpus: int | None = None) -> NodeGPUs:
         return NodeGPUs((None,), f"one node: its {nproc} workers share this machine's {gpus} GPU(s) as torchrun "
                                  "gives them (NCCL when there is one per worker, else gloo)")
     need = nnodes * nproc
+    shape = f"{nnodes} nodes x {nproc} worker{'s' if nproc > 1 else ''}"
     if gpus >= need:
         per = tuple(",".join(str(i * nproc + r) for r in range(nproc)) for i in range(nnodes))
-        return NodeGPUs(per, f"{gpus} GPU(s) for {nnodes} nodes x {nproc} workers: each node gets its own "
-                             f"{nproc} ({'; '.join(per)}), as separate machines would have, and uses NCCL")
-    return NodeGPUs(("",) * nnodes, f"{gpus} GPU(s) for {nnodes} nodes x {nproc} workers on one machine: nodes "
-                                    "must not share a GPU (NCCL: 'Duplicate GPU detected'), so every node runs gloo "
-                                    "on the CPU")
+        own = "; ".join(f"node {i}: GPU {g}" for i, g in enumerate(per))
+        return NodeGPUs(per, f"{gpus} GPU(s) for {shape}: each node gets its own ({own}), as separate machines "
+                             "have, and uses NCCL")
+    if gpus == 0:
+        return NodeGPUs(("",) * nnodes, "no GPU here: every node runs gloo on the CPU")
+    return NodeGPUs(("",) * nnodes, f"{gpus} GPU(s) for {shape} on one machine: nodes must not share a GPU (NCCL: "
+                                    "'Duplicate GPU detected'), so every node runs gloo on the CPU")
 
 
 def run_nodes(module: str, args=(), nnodes: int = 1, nproc: int = 2, timeout: float = 60.0, max_restarts: int = 0,
