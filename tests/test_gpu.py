@@ -44,13 +44,52 @@ def test_launching_still_works_after_cuda_is_initialised_in_the_kernel():
     assert all(torch.all(v[3] == N * (N + 1) / 2) for v in res.values)
 
 
-def test_interactive_ranks_on_gpus():
+def test_interactive_ranks_on_gpus_after_cuda_is_initialised_in_the_kernel():
     from course_lib.interactive import Ranks
 
+    torch.zeros(1, device="cuda")  # as a learner's cell would, before %ranks start
     with Ranks(N, backend="nccl", timeout=60) as group:
         group.run_cell("t = torch.ones(3, device=device) * (rank + 1)\ndist.all_reduce(t)", show=False)
         values = group.pull("t")
     assert all(torch.all(v == N * (N + 1) / 2) for v in values)
+
+
+def _large_on_gpu(mb):
+    import torch.distributed as dist
+
+    return torch.full((mb * 2**20 // 4,), float(dist.get_rank() + 1), device=device())
+
+
+def test_a_large_gpu_result_comes_back_on_the_cpu():
+    res = run(_large_on_gpu, N, args=(64,), timeout=120, output="none")
+    for rank, t in enumerate(res.values):
+        assert t.device.type == "cpu" and t.shape == (16 * 2**20,)
+        assert torch.equal(t[:: 2**16], torch.full((256,), rank + 1.0))  # a copy: exact
+
+
+def _tutorial_nccl(port):
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port  # the PyTorch tutorial's own setup
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+    t = torch.full((4,), float(rank + 1), device="cuda")
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t
+
+
+def test_a_learners_own_nccl_rendezvous_works_under_init_false():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    res = run(_tutorial_nccl, N, args=(port,), init=False, backend="nccl", timeout=120, output="none")
+    assert all(torch.equal(v, torch.full((4,), N * (N + 1) / 2)) for v in res.values)
 
 
 def test_doctor_lists_the_gpus_and_passes_its_nccl_smoke_test():
@@ -58,6 +97,8 @@ def test_doctor_lists_the_gpus_and_passes_its_nccl_smoke_test():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cuda:0" in done.stdout and "smoke test    OK" in done.stdout
+    assert "bf16 yes" in done.stdout or "bf16 no" in done.stdout
+    assert f"NCCL lessons: {'up to ' + str(GPUS) + ' ranks' if GPUS >= 2 else '1 rank only'}" in done.stdout
 
 
 def test_gpu_copy_ceilings_are_measured():
