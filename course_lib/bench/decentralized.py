@@ -1,13 +1,15 @@
 """Notebook 11's schemes side by side on 4 workers: loss reached, bytes per step, step time on a fast and a slow
 emulated link, and one straggler (a worker 3x slower to compute).
 
-    python -m course_lib.bench.decentralized --steps 192 --out data/decentralized_4workers.csv
+    python -m course_lib.bench.decentralized --steps 192 --repeats 3 --out data/decentralized_4workers.csv
 
 Every scheme trains the course's MLP on the digits with the same seeds and shards (training/): the synchronous PS
 (1 server + 4 workers), all-reduce data parallel (local SGD with H = 1, equal to it), gossip on two topologies, local
-SGD and DiLoCo with H = 16, PowerSGD rank 2 and top-k 1% with error feedback. All their messages are point-to-point
-(the course's ring for all-reduce), so netem delays every one and traffic counts every byte. One launch per scheme
-runs all its configurations one after the other: the loss run (no link), the fast link, the slow link, the straggler.
+SGD and DiLoCo with H = 16, PowerSGD rank 2 and top-k 1% with error feedback (and, for the loss only, PowerSGD rank
+1 and 4 and top-k 10%). All their messages are point-to-point (the course's ring for all-reduce), so netem delays
+every one and traffic counts every byte. One launch per world size runs every scheme's configurations one after the
+other: the loss run (no link), then the fast link, the slow link and the straggler, each timing the fastest of
+--repeats launches.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from ..measure.netem import emulate, link
 from ..measure.traffic import Meter, metered
 from ..training import ps
 from ..training.compression import compressed_train
-from ..training.decentralized_cost import SCHEMES, sent_per_step
+from ..training.data import DATA_DIR
+from ..training.decentralized_cost import MAIN, SCHEMES, sent_per_step
 from ..training.gossip import dpsgd_train, evaluate
 from ..training.local_sgd import local_sgd_train
 from ..training.model import flat_params, make_mlp
@@ -69,90 +72,141 @@ def _train(name: str, steps: int, link=None, straggler=None) -> dict:
     return compressed_train(s.kind, rank_r=s.r, k_fraction=s.k_fraction, **kw)
 
 
-def _configs(name: str, loss_steps: int, time_steps: int, straggler_rank: int) -> dict:
-    """Run on every rank: the loss run (if loss_steps), then each timing run, in one launch."""
+CONFIGS = ("fast", "slow", "straggler")
+
+
+def _configs(loss_names, time_names, loss_steps: int, configs=CONFIGS) -> dict:
+    """Run on every rank: the loss run of each scheme in loss_names, the timing runs of each in time_names."""
     torch.set_num_threads(1)     # ranks share the cores: one thread each keeps compute times steady
-    out = {"loss": _train(name, loss_steps)} if loss_steps else {}
-    out["fast"] = _train(name, time_steps, link(FAST))
-    out["slow"] = _train(name, time_steps, link(SLOW))
-    out["straggler"] = _train(name, time_steps, link(FAST), (straggler_rank, FACTOR, COMPUTE_S))
+    last = dist.get_world_size() - 1
+    runs = {"fast": (link(FAST), None), "slow": (link(SLOW), None),
+            "straggler": (link(FAST), (last, FACTOR, COMPUTE_S))}
+    out = {n: {} for n in [*loss_names, *time_names]}
+    for name in loss_names:
+        out[name]["loss"] = _train(name, loss_steps)
+    for name in time_names:
+        for cfg in configs:
+            out[name][cfg] = _train(name, _time_steps(name), *runs[cfg])
     return out
 
 
+def _skip(name: str) -> int:
+    """Steps left out of a timing as warm-up: the first, or for H-step schemes the whole first round."""
+    s = SCHEMES[name]
+    return s.H if s.kind in ("local", "diloco") else 1
+
+
+def _time_steps(name: str) -> int:
+    """8 steps, or two rounds of H steps: every timing then includes whole rounds after the warm-up."""
+    return max(8, 2 * _skip(name))
+
+
 def _per_step(v: dict, skip: int) -> float:
-    """Mean seconds per step after the first `skip` (warm-up; for H-step schemes one whole round)."""
+    """Mean seconds per step after the first `skip`."""
     xs = v["step_s"][skip:]
     return sum(xs) / len(xs)
 
 
-def measure(name: str, workers: int = 4, loss_steps: int = 192, time_steps: int = 0, repeats: int = 1) -> dict:
-    """One row of the comparison for scheme `name` (a key of SCHEMES) on `workers` workers. loss_steps = 0 skips
-    the loss run (no loss, accuracy or bytes columns); time_steps = 0: 8 steps, or two rounds of H steps. Each
-    timing is the fastest of `repeats` launches: on a shared machine others only ever slow a run down."""
-    s = SCHEMES[name]
+def _row(name: str, workers: int, launches: list) -> dict:
+    """One row of the comparison from every launch's results for scheme `name` (each a list over ranks)."""
+    s, skip = SCHEMES[name], _skip(name)
     world = workers + (1 if s.kind == "ps" else 0)
-    skip = s.H if s.kind in ("local", "diloco") else 1
-    time_steps = time_steps or max(8, 2 * skip)
-    if time_steps < 2 * skip:
-        raise ValueError(f"{name}: time_steps must be at least {2 * skip} to time one whole round after warm-up")
-    res = run(_configs, world, args=(name, loss_steps, time_steps, world - 1), output="none", timeout=600).values
-    again = [run(_configs, world, args=(name, 0, time_steps, world - 1), output="none", timeout=600).values
-             for _ in range(repeats - 1)]
     first = 1 if s.kind == "ps" else 0         # the PS server computes nothing: rows describe the workers
     row = {"scheme": name, "workers": workers}
-    if loss_steps:
+    for res in (r for r in launches if "loss" in r[0]):
         wk = [v["loss"] for v in res[first:]]
         shapes = [tuple(q.shape) for q in make_mlp().parameters()]
-        row.update(loss_steps=loss_steps, final_loss=statistics.mean(w["final_loss"] for w in wk),
+        row.update(loss_steps=len(wk[0]["losses"]), final_loss=statistics.mean(w["final_loss"] for w in wk),
                    accuracy=statistics.mean(w["accuracy"] for w in wk),
                    sent_per_worker_B=statistics.mean(statistics.mean(t[0] for t in w["traffic"]) for w in wk),
                    formula_sent_per_worker_B=statistics.mean(sent_per_step(s, workers, shapes, rank)
                                                              for rank in range(first, world)),
                    busiest_rank_sent_B=max(statistics.mean(t[0] for t in v["loss"]["traffic"]) for v in res))
+    timed = [r for r in launches if set(CONFIGS) & set(r[0])]
+    if not timed:
+        return row
+    row["time_steps"] = _time_steps(name)
     for cfg in ("fast", "slow"):    # a synchronous step lasts as long as its slowest worker's
-        row[f"step_ms_{cfg}"] = 1e3 * min(max(_per_step(v[cfg], skip) for v in r[first:]) for r in [res, *again])
-    best = min([res, *again], key=lambda r: max(_per_step(v["straggler"], skip) for v in r[first:]))
+        if cfg in timed[0][0]:
+            row[f"step_ms_{cfg}"] = 1e3 * min(max(_per_step(v[cfg], skip) for v in r[first:]) for r in timed)
+            if cfg == "fast":       # compute measured on the fast link, where the link adds least
+                row["compute_ms"] = 1e3 * statistics.mean(statistics.mean(v["fast"]["compute_s"][skip:])
+                                                          for v in timed[0][first:])
+    if "straggler" not in timed[0][0]:
+        return row
+    best = min(timed, key=lambda r: max(_per_step(v["straggler"], skip) for v in r[first:]))
     strag = [v["straggler"] for v in best[first:]]
     steps = [_per_step(v, skip) for v in strag]
     waits = [max(0.0, 1 - statistics.mean(v["compute_s"][skip:]) / st) for v, st in zip(strag, steps)]
-    row.update(time_steps=time_steps, step_ms_straggler=1e3 * max(steps),
+    row.update(step_ms_straggler=1e3 * max(steps),
                wait_frac_fast_workers=statistics.mean(waits[:-1]), wait_frac_straggler=waits[-1])
     return row
 
 
-def compare(names=tuple(SCHEMES), workers: int = 4, loss_steps: int = 192, time_steps: int = 0,
-            repeats: int = 1) -> list[dict]:
-    """Rows for every scheme in `names`."""
-    return [measure(n, workers, loss_steps, time_steps, repeats) for n in names]
+def compare(names=MAIN, workers: int = 4, loss_steps: int = 192, repeats: int = 1, timed=MAIN,
+            configs=CONFIGS) -> list[dict]:
+    """One row per scheme in `names`. Each world size (PS: workers + 1, the rest: workers) gets one launch per
+    repeat that runs its schemes one after the other: the first does the loss runs (loss_steps = 0: none), every
+    one the timing runs (`configs`, of the schemes in `timed`); a timing is the fastest of the `repeats` launches,
+    since on a shared machine others only ever slow a run down."""
+    groups: dict[int, list[str]] = {}
+    for n in names:
+        groups.setdefault(workers + (1 if SCHEMES[n].kind == "ps" else 0), []).append(n)
+    launches: dict[str, list] = {n: [] for n in names}
+    for world, group in groups.items():
+        for i in range(max(repeats, 1)):
+            loss_names = group if i == 0 and loss_steps else []
+            time_names = [n for n in group if n in timed] if repeats else []
+            if not loss_names and not time_names:
+                continue
+            vals = run(_configs, world, args=(loss_names, time_names, loss_steps, configs), output="none",
+                       timeout=900).values
+            for n in {*loss_names, *time_names}:
+                launches[n].append([v[n] for v in vals])
+    return [_row(n, workers, launches[n]) for n in names]
+
+
+TABLE = DATA_DIR / "decentralized_4workers.csv"
+
+
+def load(path=TABLE) -> list[dict]:
+    """The committed comparison (its `source` column says when, where and with which command it was measured);
+    the schemes timed on no link have no timing columns."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [{k: (v if k in ("scheme", "source") else float(v)) for k, v in row.items() if v != ""} for row in rows]
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=192, help="steps of the loss run (a multiple of 16)")
-    p.add_argument("--time-steps", type=int, default=0, help="steps of each timing run (0: 8, or two rounds of H)")
     p.add_argument("--repeats", type=int, default=3, help="timing runs per scheme; the fastest counts")
-    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES),
+                   help="which schemes (the timing runs are for those of notebook 11's side by side)")
     p.add_argument("--out", default=None, help="write the rows to this CSV file")
     p.add_argument("--machine", default="this machine",
                    help="the machine and its load, stored in every row (cores, CPU, what else was running)")
     a = p.parse_args(argv)
-    rows = compare(a.schemes, a.workers, a.steps, a.time_steps, a.repeats)
+    rows = compare(a.schemes, a.workers, a.steps, a.repeats)
     print(f"{'scheme':22} {'loss':>6} {'acc':>6} {'B/step/worker':>13} {'formula':>9} {'busiest':>9} "
           f"{'fast ms':>8} {'slow ms':>8} {'strag ms':>8} {'wait fast':>9}")
     for r in rows:
-        print(f"{r['scheme']:22} {r['final_loss']:6.3f} {r['accuracy']:6.1%} {r['sent_per_worker_B']:13,.0f} "
-              f"{r['formula_sent_per_worker_B']:9,.0f} {r['busiest_rank_sent_B']:9,.0f} {r['step_ms_fast']:8.1f} "
-              f"{r['step_ms_slow']:8.1f} {r['step_ms_straggler']:8.1f} {r['wait_frac_fast_workers']:9.0%}")
+        line = (f"{r['scheme']:22} {r['final_loss']:6.3f} {r['accuracy']:6.1%} {r['sent_per_worker_B']:13,.0f} "
+                f"{r['formula_sent_per_worker_B']:9,.0f} {r['busiest_rank_sent_B']:9,.0f}")
+        if "step_ms_fast" in r:
+            line += (f" {r['step_ms_fast']:8.1f} {r['step_ms_slow']:8.1f} {r['step_ms_straggler']:8.1f} "
+                     f"{r['wait_frac_fast_workers']:9.0%}")
+        print(line)
     if a.out:
-        command = (f"python -m course_lib.bench.decentralized --steps {a.steps} --time-steps {a.time_steps} "
-                   f"--workers {a.workers} --repeats {a.repeats}")
+        command = (f"python -m course_lib.bench.decentralized --steps {a.steps} --workers {a.workers} "
+                   f"--repeats {a.repeats}")
         source = (f"measured {datetime.date.today()} on {a.machine} with: {command}; fast link {FAST}, slow link "
                   f"{SLOW} (netem); straggler: the last worker, each worker's compute padded to "
                   f"{COMPUTE_S * 1e3:g} ms per step and the straggler's to {FACTOR * COMPUTE_S * 1e3:g} ms, on the "
                   f"fast link")
         with open(a.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=[*rows[0], "source"])
+            w = csv.DictWriter(f, fieldnames=[*max(rows, key=len), "source"])
             w.writeheader()
             for r in rows:
                 w.writerow({**{k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()},

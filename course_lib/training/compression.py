@@ -24,10 +24,11 @@ from .. import device
 from ..collectives import chunk_bounds, ring_all_gather, ring_all_reduce
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
-from .data import load_digits, worker_batch
-from .gossip import evaluate
+from .data import worker_batch
+from .gossip import digits, evaluate
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
+from .threads import single_threaded
 
 MIN_COMPRESSION_RATE = 2     # torch's PowerSGDState default
 
@@ -131,7 +132,7 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
     numel = sum(q.numel() for q in params)
     k = max(1, int(k_fraction * numel))
     memory = torch.zeros(numel, device=device())
-    x, y = load_digits()
+    x, y = digits()
     meter = Meter()
     losses, step_s = [], []
     with emulate(link), metered(meter):
@@ -164,11 +165,12 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
             "shapes": [tuple(q.shape) for q in params], "model_bytes": numel * 4}
 
 
+@single_threaded
 def simulate_powersgd(n_workers: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
                       seed: int = 0, r: int = 2) -> torch.Tensor:
     """One process computing what n ranks of compressed_train("powersgd") compute (sums over workers instead of
     all-reduces): the weights every rank must end with."""
-    x, y = load_digits()
+    x, y = digits()
     model = make_mlp(hidden, seed)
     params = list(model.parameters())
     states = [PowerSGD(params, r, seed) for _ in range(n_workers)]

@@ -40,7 +40,12 @@ SCHEMES = {
     "DiLoCo, H=16": Scheme("diloco", H=16),
     "PowerSGD, r=2": Scheme("powersgd", r=2),
     "top-k 1%": Scheme("topk", k_fraction=0.01),
+    "PowerSGD, r=1": Scheme("powersgd", r=1),
+    "PowerSGD, r=4": Scheme("powersgd", r=4),
+    "top-k 10%": Scheme("topk", k_fraction=0.1),
 }
+# the side by side of notebook 11 (the last three only enter its compression figure)
+MAIN = tuple(SCHEMES)[:8]
 
 
 def sent_per_step(s: Scheme, p: int, shapes, rank: int = 0) -> float:

@@ -15,6 +15,7 @@ the order of Koloskova et al., ICML 2020 (Algorithm 1): a local SGD step, then o
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -28,6 +29,7 @@ from ..measure.traffic import Meter, metered
 from .data import load_digits, worker_batch
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
+from .threads import single_threaded
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one-peer exponential", "complete")
 
@@ -140,17 +142,24 @@ def consensus_distance(x: torch.Tensor) -> float:
     """(1/p) sum_i ||x_i - mean||^2 over the ranks (Kong et al., ICML 2021). A measurement, not part of training:
     it uses dist.all_reduce, which the byte meter and the link emulation (point-to-point only) do not see."""
     p = dist.get_world_size()
-    mean = x.detach().double().clone()
+    mean = x.detach().clone()
     dist.all_reduce(mean)
     mean /= p
-    sq = ((x.double() - mean) ** 2).sum().reshape(1)
+    sq = ((x.detach().double() - mean.double()) ** 2).sum().reshape(1)   # float64: the spread may be tiny
     dist.all_reduce(sq)
     return sq.item() / p
 
 
+@functools.cache
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """data.load_digits() parsed once per process: parsing the CSV costs about 0.3 s on a small loaded CPU, and the
+    trainers here (and their evaluations) would otherwise pay it every time. Callers only read the tensors."""
+    return load_digits()
+
+
 def evaluate(model: nn.Module) -> tuple[float, float]:
     """Loss and accuracy of a model on all 1797 digits (the set every rank trains on, shard by shard)."""
-    x, y = load_digits()
+    x, y = digits()
     dev = next(model.parameters()).device
     with torch.no_grad():
         out = model(x.to(dev))
@@ -169,7 +178,7 @@ def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, l
     rank, p = dist.get_rank(), dist.get_world_size()
     model = make_mlp(hidden, seed).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
-    x, y = load_digits()
+    x, y = digits()
     meter = Meter()
     losses, step_s, consensus = [], [], []
     with emulate(link), metered(meter):
@@ -193,11 +202,12 @@ def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, l
             "model_bytes": flat.numel() * flat.element_size()}
 
 
+@single_threaded
 def simulate(topology: str, n_workers: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
              seed: int = 0) -> torch.Tensor:
     """One process playing n workers of dpsgd_train: X <- W (X - lr G) with every worker's model a row of X.
     Returns the (n_workers, parameters) float32 matrix every rank's final weights must match row by row."""
-    x, y = load_digits()
+    x, y = digits()
     model = make_mlp(hidden, seed)
     rows = flat_params(model).repeat(n_workers, 1)
     for step in range(steps):

@@ -24,10 +24,11 @@ from ..collectives import ring_all_reduce
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from .adam import adam_step
-from .data import load_digits, worker_batch
-from .gossip import evaluate
+from .data import worker_batch
+from .gossip import digits, evaluate
 from .model import flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
+from .threads import single_threaded
 
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9        # DiLoCo's outer Nesterov SGD
 INNER_LR, WEIGHT_DECAY = 1e-3, 0.01        # AdamW for the inner steps (torch.optim.AdamW's default decay)
@@ -71,8 +72,8 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     """Run on every rank: local SGD (outer=None: H SGD steps, then average the models) or DiLoCo
     (outer="nesterov": H AdamW steps, then diloco_outer_step). A sync happens after steps H, 2H, ...
 
-    eval_every > 0: at each sync whose step is a multiple of it, record (step, bytes sent so far, training seconds
-    so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `straggler`: (rank,
+    eval_every > 0: at each sync whose step is a multiple of it, rank 0 records (step, bytes sent so far, training
+    seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `straggler`: (rank,
     factor[, compute_s]) for straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
     (exercise 11.3). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
     compute seconds, and those evaluations.
@@ -87,7 +88,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     m, v = [torch.zeros_like(q) for q in params], [torch.zeros_like(q) for q in params]
     anchor = flat_params(model)
     buf = torch.zeros_like(anchor)
-    x, y = load_digits()
+    x, y = digits()
     meter = Meter()
     losses, step_s, evals, trained = [], [], [], 0.0
     with emulate(link), metered(meter):
@@ -117,20 +118,21 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
             step_s.append(time.perf_counter() - t)
             trained += step_s[-1]
             losses.append(loss.item())
-            if eval_every and (step + 1) % H == 0 and (step + 1) % eval_every == 0:
-                evals.append((step + 1, meter.sent, trained, *evaluate(model)))
+            if eval_every and rank == 0 and (step + 1) % H == 0 and (step + 1) % eval_every == 0:
+                evals.append((step + 1, meter.sent, trained, *evaluate(model)))   # all ranks hold this model
     final_loss, acc = evaluate(model)
     return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
             "compute_s": slow.compute_s, "evals": evals, "final_loss": final_loss, "accuracy": acc,
             "model_bytes": anchor.numel() * anchor.element_size()}
 
 
+@single_threaded
 def simulate(n_workers: int, H: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
              seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, outer_step=None) -> torch.Tensor:
     """One process playing all n workers in turn (each with its own model and AdamW state, its own shard): the
     weights local SGD or DiLoCo must end with, without any communication. `outer_step(flats, anchor, buf)` may
     replace the outer update (checkers use it to reproduce a wrong variant); returns the final flat parameters."""
-    x, y = load_digits()
+    x, y = digits()
     models = [make_mlp(hidden, seed) for _ in range(n_workers)]
     states = [([torch.zeros_like(q) for q in mdl.parameters()], [torch.zeros_like(q) for q in mdl.parameters()])
               for mdl in models]

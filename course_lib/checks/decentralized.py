@@ -1,0 +1,198 @@
+"""Checkers for the exercises of notebook 11 (decentralized training: gossip, local SGD and DiLoCo).
+
+11.1 compares the learner's rounds to consensus with the library's on mixing matrices that trap the usual
+mistakes; 11.2 runs the learner's one-peer gossip round on real ranks with every collective switched off and
+checks each round's result (against the mixing matrix, Ying et al. NeurIPS 2021) and its messages (one send, to the
+right peer); 11.3 trains DiLoCo with the learner's outer step against a single-process DiLoCo and counts its
+all-reduces, naming the variant a wrong answer reproduces.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..devices import device
+from ..training import gossip, local_sgd
+from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
+from .traffic import summary
+
+
+def _bipartite_ring(p: int) -> torch.Tensor:
+    """Each rank keeps nothing of itself and half of each neighbour: an eigenvalue -1 (even p), never agrees."""
+    w = torch.zeros(p, p, dtype=torch.float64)
+    for i in range(p):
+        w[i, (i + 1) % p] = w[i, (i - 1) % p] = 0.5
+    return w
+
+
+def _matrices():
+    """(what, W): symmetric and non-symmetric (exponential) matrices, a periodic one, the complete graph."""
+    out = [(f"{t}, p={p}", gossip.mixing_matrix(t, p)) for t, p in
+           [("ring", 4), ("ring", 8), ("ring", 16), ("ring", 64), ("torus", 16), ("torus", 12),
+            ("exponential", 6), ("exponential", 8), ("exponential", 12), ("one-peer exponential", 8),
+            ("complete", 8)]]
+    return out + [("ring of 6 keeping no share of itself", _bipartite_ring(6))]
+
+
+def check_rounds_to_consensus(rounds_to_consensus, exercise: str = "Exercise 11.1 (rounds to consensus)") -> None:
+    """`rounds_to_consensus(W, eps)` -> the fewest gossip rounds t with rho^t <= eps (rho = the largest |eigenvalue|
+    of W other than the average's 1, = ||W - 11^T/p||_2 here), math.inf when rho >= 1. Compared with the library's
+    on ring, torus, exponential (not symmetric) and periodic mixing matrices."""
+    hint = ("rho is the largest ABSOLUTE value among W's eigenvalues once the eigenvalue 1 of the average is set "
+            "aside (a -1 never dies out); the exponential graph's W is not symmetric, so torch.linalg.eigvalsh "
+            "(which reads only one triangle) is wrong for it: use torch.linalg.eigvals(W).abs(), or the 2-norm "
+            "of W - 1/p. Then the smallest t with rho**t <= eps.")
+    library = ("course_lib.training.gossip.rho", "course_lib.training.gossip.spectral_gap",
+               "course_lib.training.gossip.rounds_to_consensus")
+    cases = 0
+    for what, w in _matrices():
+        for eps in (1e-2, 3e-5):
+            want = gossip.rounds_to_consensus(w, eps)
+            r = gossip.rho(w)
+            if 0 < r < 1 and abs(math.log(eps) / math.log(r) - round(math.log(eps) / math.log(r))) < 1e-6:
+                continue            # rho^t within rounding of eps: either answer would be right
+            got = call_learner(exercise, rounds_to_consensus, w.clone(), eps, library=library,
+                               why="computing rho yourself", hint=hint)
+            if got != want:
+                raise ExerciseFailed(with_hint(f"{exercise}: for the {what} and eps={eps:g} you said {got!r}; "
+                                               f"rho = {r:.6f}, so it takes {want!r} rounds.", hint))
+            cases += 1
+    passed(exercise, f"{cases} cases (rings, tori, exponential graphs that are not symmetric, the complete graph and "
+                     f"a periodic ring) agree with rho computed from the mixing matrix.")
+
+
+def _one_peer_case(learner, rounds, exercise):
+    """Runs on every rank: its own start vector, `rounds` learner rounds with collectives off, every round kept."""
+    rank = dist.get_rank()
+    x = torch.randn(37, generator=torch.Generator().manual_seed(rank)).to(device())
+    out = [x.cpu().clone()]
+    records = []
+    for t in range(rounds):
+        x, record = watched_call(exercise, learner, (x, t), forbid="all", why="gossip with your neighbours only",
+                                 library=("course_lib.training.gossip.gossip_round",))
+        out.append(x.detach().cpu().clone())
+        records.append(record)
+    return out, records
+
+
+def check_one_peer_gossip(one_peer_round, exercise: str = "Exercise 11.2 (one-peer exponential gossip)") -> None:
+    """`one_peer_round(x, t)` -> this rank's new vector after round t of the one-peer exponential graph: send x to
+    rank + 2^(t mod tau), receive from rank - 2^(t mod tau) (mod p, tau = ceil(log2 p)), return the mean of the
+    two. Run on 3 and 8 real ranks with every collective switched off: each round must equal W(t) X and send exactly
+    one message, the size of x, to the right peer; at 8 ranks tau = 3 rounds give the exact average."""
+    hint = ("tau = (p - 1).bit_length(); hop = 2 ** (t % tau); post dist.irecv from (rank - hop) % p and "
+            "dist.isend to (rank + hop) % p before waiting on either; return (x + received) / 2")
+    for p in (3, 8):
+        rounds = 2 * gossip.tau(p)
+        vals = launch_checked(exercise, _one_peer_case, p, args=(one_peer_round, rounds, exercise), hint=hint,
+                              what=f"{p} ranks")
+        xs = torch.stack([v[0][0] for v in vals]).double()
+        for t in range(rounds):
+            xs = gossip.mixing_matrix("one-peer exponential", p, t) @ xs
+            hop = 2 ** (t % gossip.tau(p))
+            for rank, (got, records) in enumerate(vals):
+                s = summary(records[t])
+                right = ([(rank + hop) % p], [(rank - hop) % p], 1)
+                if (s["sent_to"], s["recv_from"], s["messages_sent"]) != right or s["bytes_sent"] != 37 * 4:
+                    raise ExerciseFailed(with_hint(
+                        f"{exercise}: {p} ranks, round {t}: rank {rank} sent {s['messages_sent']} message(s) "
+                        f"({s['bytes_sent']} bytes) to {s['sent_to']} and received from {s['recv_from']}; the "
+                        f"one-peer graph sends one message of x ({37 * 4} bytes) to rank {(rank + hop) % p} and "
+                        f"receives one from rank {(rank - hop) % p}.", hint))
+                # float32 averages of two values: within a few ulp of the float64 product of the W(t)
+                if not torch.allclose(got[t + 1].double(), xs[rank], rtol=1e-5, atol=1e-6):
+                    raise ExerciseFailed(with_hint(
+                        f"{exercise}: {p} ranks, round {t}: rank {rank} holds {got[t + 1][:3].tolist()}..., "
+                        f"the one-peer graph gives {xs[rank][:3].tolist()}...", hint))
+            if p & (p - 1) == 0 and t + 1 == gossip.tau(p):
+                mean = torch.stack([v[0][0] for v in vals]).double().mean(0)
+                if not all(torch.allclose(v[0][t + 1].double(), mean, atol=1e-5) for v in vals):
+                    raise ExerciseFailed(with_hint(f"{exercise}: {p} ranks: after tau = {t + 1} rounds the ranks "
+                                                   f"should all hold the exact average, they do not.", hint))
+    passed(exercise, "every round on 3 and 8 ranks equals the mixing matrix's, with one message of x per rank to "
+                     "the right peer and every collective switched off; after log2(8) = 3 rounds all 8 ranks hold "
+                     "the exact average.")
+
+
+H, STEPS, HIDDEN = 4, 12, 32
+
+
+def _diloco_case(outer_step, exercise):
+    """Runs on every rank: DiLoCo with the learner's outer step, the collective calls of each outer step recorded
+    (only there: recording every op of the inner steps would cost more than the training)."""
+    records = []
+
+    def watched(flat, anchor, momentum):
+        _, record = watched_call(exercise, outer_step, (flat, anchor, momentum), why="the outer step",
+                                 library=("course_lib.training.local_sgd.diloco_outer_step",
+                                          "course_lib.training.local_sgd.nesterov_"))
+        records.append(record)
+
+    out = local_sgd.local_sgd_train(H=H, steps=STEPS, hidden=HIDDEN, outer="nesterov", outer_step=watched)
+    return out["params"], [c for r in records for c in summary(r)["collective_calls"]]
+
+
+def _variants(p: int):
+    """Outer steps of the usual mistakes, for local_sgd.simulate: what each wrong answer would end with."""
+    lr, mu = local_sgd.OUTER_LR, local_sgd.OUTER_MOMENTUM
+
+    def mean(flats):
+        return torch.stack(flats).sum(0) / p
+
+    def summed(flats, anchor, buf):
+        local_sgd.nesterov_(anchor, anchor - torch.stack(flats).sum(0), buf)
+        return anchor.clone()
+
+    def flipped(flats, anchor, buf):
+        local_sgd.nesterov_(anchor, mean(flats) - anchor, buf)
+        return anchor.clone()
+
+    def heavy_ball(flats, anchor, buf):
+        buf.mul_(mu).add_(anchor - mean(flats))
+        anchor.sub_(lr * buf)
+        return anchor.clone()
+
+    return {"the pseudo-gradients summed, not averaged (divide by the world size)": summed,
+            "the pseudo-gradient's sign flipped (it is anchor - flat: the way the inner steps went, reversed)": flipped,
+            "plain momentum (anchor -= lr * momentum) instead of Nesterov's (anchor -= lr * (g + mu * momentum))":
+                heavy_ball,
+            "the plain average of the models, i.e. local SGD (no outer optimizer)":
+                lambda flats, anchor, buf: mean(flats)}
+
+
+def check_diloco_outer_step(diloco_outer_step,
+                            exercise: str = "Exercise 11.3 (DiLoCo's outer step)") -> None:
+    """`diloco_outer_step(flat, anchor, momentum)`: average anchor - flat over ranks with ONE dist.all_reduce, take
+    a Nesterov step (lr local_sgd.OUTER_LR, momentum local_sgd.OUTER_MOMENTUM) on `anchor` in place, and set `flat`
+    to it in place. DiLoCo (H=4, 12 steps, AdamW inner steps) on 2 and 3 real ranks must end with a single-process
+    DiLoCo's weights, with one all-reduce of the whole model per outer step."""
+    hint = ("delta = anchor - flat; dist.all_reduce(delta); delta /= world size; momentum.mul_(mu).add_(delta); "
+            "anchor.sub_(lr * (delta + mu * momentum)); flat.copy_(anchor)")
+    for p in (2, 3):
+        vals = launch_checked(exercise, _diloco_case, p, args=(diloco_outer_step, exercise), hint=hint,
+                              what=f"{p} ranks", timeout=60)
+        ref = local_sgd.simulate(p, H, STEPS, hidden=HIDDEN, outer="nesterov")
+        numel = ref.numel()
+        for rank, (params, calls) in enumerate(vals):
+            reduces = [c for c in calls if c[0] == "all_reduce"]
+            if len(reduces) != STEPS // H or any(c[1] != 4 * numel for c in reduces) or len(calls) != len(reduces):
+                raise ExerciseFailed(with_hint(
+                    f"{exercise}: {p} ranks: rank {rank} made these collective calls in {STEPS // H} outer steps: "
+                    f"{[(c[0], c[1]) for c in calls]} (name, bytes); DiLoCo needs exactly one all_reduce of the "
+                    f"whole pseudo-gradient ({4 * numel} bytes) per outer step.", hint))
+            # float32 summation order in the all-reduce against the simulation's sum, through 3 outer steps
+            if torch.allclose(params, ref, atol=1e-5):
+                continue
+            for mistake, step in _variants(p).items():
+                if torch.allclose(params, local_sgd.simulate(p, H, STEPS, hidden=HIDDEN, outer="nesterov",
+                                                                    outer_step=step), atol=1e-5):
+                    raise ExerciseFailed(with_hint(f"{exercise}: {p} ranks: your weights are those of {mistake}.",
+                                                   hint))
+            bad = (params - ref).abs().max().item()
+            raise ExerciseFailed(with_hint(f"{exercise}: {p} ranks: rank {rank}'s weights differ from single-process "
+                                           f"DiLoCo by up to {bad:.3g}.", hint))
+    passed(exercise, "DiLoCo with your outer step equals single-process DiLoCo on 2 and 3 ranks, with one all-reduce "
+                     "of the pseudo-gradient per outer step.")

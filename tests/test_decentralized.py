@@ -1,0 +1,177 @@
+"""Notebook 11's decentralized training: topologies and spectral gaps (no ranks), every trainer against its
+single-process reference and its bytes against the formulas (one launch at 3 ranks, one at 4), DDP's PowerSGD hook's
+messages, the straggler, the bench's PS row, and the hand-written optimizers against torch.optim."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import run
+from course_lib.bench import decentralized as bench
+from course_lib.training import gossip, local_sgd, make_mlp, train_single
+from course_lib.training.compression import (
+    compressed_train,
+    powersgd_sizes,
+    ring_sent_bytes,
+    simulate_powersgd,
+    topk_sent_bytes,
+)
+from course_lib.training.decentralized_cost import SCHEMES, Scheme, sent_per_step, step_seconds
+from course_lib.training.model import flat_params
+
+HIDDEN = 32
+SHAPES = [tuple(q.shape) for q in make_mlp(HIDDEN).parameters()]
+NUMEL = sum(math.prod(s) for s in SHAPES)
+
+
+def test_mixing_matrices_are_doubly_stochastic_and_neighbours_agree():
+    for topo in gossip.TOPOLOGIES:
+        for p in (2, 3, 4, 5, 6, 8, 9, 12, 16):
+            for step in range(gossip.tau(p)):
+                w = gossip.mixing_matrix(topo, p, step)
+                ones = torch.ones(p, dtype=torch.float64)
+                assert torch.allclose(w.sum(0), ones) and torch.allclose(w.sum(1), ones), (topo, p)
+                for r in range(p):
+                    assert all(r in gossip.in_neighbours(topo, p, q, step)
+                               for q in gossip.out_neighbours(topo, p, r, step)), (topo, p, r)
+
+
+def test_spectral_gaps_match_their_closed_forms():
+    for k in range(2, 8):          # static exponential graph, p = 2^k: gap 2 / (1 + log2 p)
+        assert math.isclose(gossip.spectral_gap(gossip.mixing_matrix("exponential", 2 ** k)), 2 / (1 + k),
+                            rel_tol=1e-9)
+    for p in range(3, 13):         # ring with weights 1/3: eigenvalues (1 + 2 cos(2 pi k / p)) / 3
+        rho = max(abs(1 + 2 * math.cos(2 * math.pi * k / p)) / 3 for k in range(1, p))
+        assert math.isclose(gossip.rho(gossip.mixing_matrix("ring", p)), rho, rel_tol=1e-9, abs_tol=1e-12)
+    assert gossip.spectral_gap(gossip.mixing_matrix("complete", 7)) == pytest.approx(1.0)
+    for p, exact in ((4, True), (8, True), (16, True), (6, False)):     # one-peer exponential: tau rounds
+        prod = torch.eye(p, dtype=torch.float64)
+        for t in range(gossip.tau(p)):
+            prod = gossip.mixing_matrix("one-peer exponential", p, t) @ prod
+        assert torch.allclose(prod, torch.full((p, p), 1 / p, dtype=torch.float64)) == exact, p
+
+
+def test_rounds_to_consensus():
+    ring = gossip.mixing_matrix("ring", 8)
+    rho = gossip.rho(ring)
+    t = gossip.rounds_to_consensus(ring, 1e-3)
+    assert rho ** t <= 1e-3 < rho ** (t - 1)
+    assert gossip.rounds_to_consensus(gossip.mixing_matrix("complete", 8), 1e-3) == 1
+    periodic = torch.zeros(6, 6, dtype=torch.float64)
+    for i in range(6):
+        periodic[i, (i + 1) % 6] = periodic[i, (i - 1) % 6] = 0.5
+    assert gossip.rounds_to_consensus(periodic, 1e-3) == math.inf
+
+
+def test_hand_written_optimizers_equal_torch_optim():
+    torch.manual_seed(0)
+    w0 = torch.randn(50)
+    grads = [torch.randn(50) for _ in range(4)]
+    mine, buf = w0.clone(), torch.zeros(50)
+    ref = w0.clone().requires_grad_()
+    opt = torch.optim.SGD([ref], lr=local_sgd.OUTER_LR, momentum=local_sgd.OUTER_MOMENTUM, nesterov=True)
+    for g in grads:
+        local_sgd.nesterov_(mine, g, buf)
+        ref.grad = g.clone()
+        opt.step()
+    assert torch.allclose(mine, ref.detach(), atol=1e-6)
+    mine, m, v = w0.clone(), torch.zeros(50), torch.zeros(50)
+    ref = w0.clone().requires_grad_()
+    opt = torch.optim.AdamW([ref], lr=local_sgd.INNER_LR, weight_decay=local_sgd.WEIGHT_DECAY)
+    for t, g in enumerate(grads, 1):
+        local_sgd.adamw_(mine, g, m, v, t)
+        ref.grad = g.clone()
+        opt.step()
+    assert torch.allclose(mine, ref.detach(), atol=1e-6)
+
+
+def _everything(with_ddp: bool):
+    """On every rank: each trainer briefly (hidden 32), the straggler, and DDP's PowerSGD hook's messages."""
+    from torch import nn
+
+    from course_lib.measure.collective_calls import counted
+    from course_lib.training import load_digits, worker_batch
+
+    last = dist.get_world_size() - 1
+    out = {"dsgd": {t: gossip.dpsgd_train(t, steps=4, hidden=HIDDEN, measure_consensus=False)
+                    for t in gossip.TOPOLOGIES},
+           "H1": local_sgd.local_sgd_train(H=1, steps=3, hidden=HIDDEN),
+           "H2": local_sgd.local_sgd_train(H=2, steps=4, hidden=HIDDEN),
+           "diloco": local_sgd.local_sgd_train(H=2, steps=4, hidden=HIDDEN, outer="nesterov"),
+           "powersgd": compressed_train("powersgd", steps=3, hidden=HIDDEN),
+           "topk": compressed_train("topk", steps=3, hidden=HIDDEN, k_fraction=0.05),
+           "topk_all": compressed_train("topk", steps=3, hidden=HIDDEN, k_fraction=1.0),
+           "straggler": local_sgd.local_sgd_train(H=1, steps=4, hidden=HIDDEN, straggler=(last, 3.0, 0.02))}
+    if with_ddp:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        model = nn.parallel.DistributedDataParallel(make_mlp(HIDDEN), bucket_cap_mb=100)
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        x, y = load_digits()
+        sizes = []
+        for step in range(4):
+            xb, yb = worker_batch(x, y, dist.get_rank(), dist.get_world_size(), 16, step)
+            with counted() as calls:
+                nn.functional.cross_entropy(model(xb), yb).backward()
+            sizes.append([c.numel for c in calls])
+        out["ddp"] = sizes
+    return out
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_every_trainer_equals_its_single_process_reference_and_sends_its_formula(p):
+    vals = run(_everything, p, args=(p == 4,), output="none", timeout=120).values
+    close = dict(atol=1e-5)      # float32 summation order of the ring and the gossip against one process's sums
+    single, _ = train_single(p, 3, 32, hidden=HIDDEN)
+    m = 4 * NUMEL
+    for topo in gossip.TOPOLOGIES:
+        sim = gossip.simulate(topo, p, 4, hidden=HIDDEN)
+        for rank, v in enumerate(vals):
+            r = v["dsgd"][topo]
+            assert torch.allclose(r["params"], sim[rank], **close), (topo, rank)
+            for step, (sent, recv) in enumerate(r["traffic"]):      # d messages of M bytes, each way
+                assert sent == len(gossip.out_neighbours(topo, p, rank, step)) * m, (topo, rank, step)
+                assert recv == len(gossip.in_neighbours(topo, p, rank, step)) * m, (topo, rank, step)
+            want = sent_per_step(Scheme("gossip", topology=topo), p, SHAPES, rank)
+            assert sum(s for s, _ in r["traffic"]) / 4 == want or topo == "one-peer exponential" and p == 3
+    sims = {"H2": local_sgd.simulate(p, 2, 4, hidden=HIDDEN),
+            "diloco": local_sgd.simulate(p, 2, 4, hidden=HIDDEN, outer="nesterov"),
+            "powersgd": simulate_powersgd(p, 3, hidden=HIDDEN), "H1": single, "topk_all": single}
+    for rank, v in enumerate(vals):
+        for name, ref in sims.items():
+            assert torch.allclose(v[name]["params"], ref, **close), (name, rank)
+        assert [s for s, _ in v["H1"]["traffic"]] == [ring_sent_bytes(NUMEL, p, rank)] * 3
+        assert [s for s, _ in v["H2"]["traffic"]] == [0, ring_sent_bytes(NUMEL, p, rank)] * 2
+        a, b = powersgd_sizes(SHAPES, 2)
+        assert [s for s, _ in v["powersgd"]["traffic"]] == [ring_sent_bytes(a, p, rank)
+                                                            + ring_sent_bytes(b, p, rank)] * 3
+        assert all(s == topk_sent_bytes(int(0.05 * NUMEL), p) for s, _ in v["topk"]["traffic"])
+        # straggler: compute padded to 20 ms, the last rank's to 60 ms (sleeps can only run long)
+        floor = 0.06 if rank == p - 1 else 0.02
+        assert all(c >= floor for c in v["straggler"]["compute_s"]), (rank, v["straggler"]["compute_s"])
+        assert all(s >= 0.06 for s in v["straggler"]["step_s"])        # everyone waits for the straggler
+    if p == 4:       # DDP's hook: plain all-reduce before step 2, then uncompressed + Ps, then Qs (= our two)
+        a, b = powersgd_sizes(SHAPES, 2)
+        for v in vals:
+            assert v["ddp"][0] == v["ddp"][1] == [NUMEL]
+            assert all(len(s) == 3 and s[0] + s[1] == a and s[2] == b for s in v["ddp"][2:])
+
+
+def test_bench_ps_row_bytes_equal_the_formula():
+    (row,) = bench.compare(["sync PS"], loss_steps=2, repeats=0)
+    m = 4 * sum(q.numel() for q in make_mlp().parameters())
+    assert row["sent_per_worker_B"] == row["formula_sent_per_worker_B"] == m
+    assert row["busiest_rank_sent_B"] == 4 * m        # the server sends every worker the model
+
+
+def test_projection_is_flat_for_gossip_and_local_sgd_and_grows_for_ps():
+    slow = bench.link(bench.SLOW)
+    shapes = [tuple(q.shape) for q in make_mlp().parameters()]
+    at = {n: [step_seconds(SCHEMES[n], w, shapes, slow) for w in (4, 64, 1024)] for n in SCHEMES}
+    assert at["gossip, ring"][0] == at["gossip, ring"][2] and at["gossip, one-peer exp."][1] == at[
+        "gossip, one-peer exp."][2]
+    assert at["sync PS"][2] > 200 * at["sync PS"][0]
+    assert at["local SGD, H=16"][2] < at["all-reduce DP"][2] / 15
+    assert flat_params(make_mlp()).numel() * 4 == 340008

@@ -1,0 +1,86 @@
+"""The checkers of notebook 11 reject the mistakes their exercises are about, with a message that says which.
+(The worked notebook's check cells, run by nbval, show that they accept the right answers.)"""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib.checks.core import ExerciseFailed
+from course_lib.checks.decentralized import check_diloco_outer_step, check_one_peer_gossip, check_rounds_to_consensus
+
+
+def _rounds(rho, eps):
+    if rho >= 1 - 1e-12:
+        return math.inf
+    t = 0
+    while rho ** t > eps:
+        t += 1
+    return t
+
+
+def test_rounds_to_consensus_accepts_the_norm_and_rejects_eigvalsh_and_signed_eigenvalues():
+    check_rounds_to_consensus(lambda w, eps: _rounds(torch.linalg.matrix_norm(w - 1 / w.shape[0], ord=2).item(), eps))
+    # eigvalsh reads one triangle only: wrong for the exponential graph, whose W is not symmetric
+    with pytest.raises(ExerciseFailed, match="exponential"):
+        check_rounds_to_consensus(lambda w, eps: _rounds(abs(torch.linalg.eigvalsh(w)[-2].item()), eps))
+    # the second-largest eigenvalue without |.| (right wherever it is the largest in size): misses the -1 of a ring
+    # that keeps none of itself, whose replicas swap forever
+    def signed(w, eps):
+        if torch.equal(w, w.T):
+            return _rounds(torch.linalg.eigvalsh(w)[-2].item(), eps)
+        return _rounds(torch.linalg.matrix_norm(w - 1 / w.shape[0], ord=2).item(), eps)
+
+    with pytest.raises(ExerciseFailed, match="keeping no share of itself"):
+        check_rounds_to_consensus(signed)
+
+
+def _all_reduce_average(x, t):
+    y = x.clone()
+    dist.all_reduce(y)
+    return y / dist.get_world_size()
+
+
+def _both_directions(x, t):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    hop = 2 ** (t % (p - 1).bit_length())
+    left, right = torch.empty_like(x), torch.empty_like(x)
+    reqs = [dist.irecv(left, (rank - hop) % p), dist.irecv(right, (rank + hop) % p),
+            dist.isend(x, (rank + hop) % p), dist.isend(x, (rank - hop) % p)]
+    for r in reqs:
+        r.wait()
+    return (x + left) / 2
+
+
+def test_one_peer_gossip_rejects_all_reduce_and_extra_messages():
+    with pytest.raises(ExerciseFailed, match="dist.all_reduce is switched off"):
+        check_one_peer_gossip(_all_reduce_average)
+    with pytest.raises(ExerciseFailed, match=r"sent 2 message\(s\)"):
+        check_one_peer_gossip(_both_directions)
+
+
+def _heavy_ball(flat, anchor, momentum):
+    delta = anchor - flat
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    momentum.mul_(0.9).add_(delta)
+    anchor.sub_(0.7 * momentum)
+    flat.copy_(anchor)
+
+
+def _two_messages(flat, anchor, momentum):
+    delta = anchor - flat
+    for part in delta.chunk(2):
+        dist.all_reduce(part)
+    delta /= dist.get_world_size()
+    momentum.mul_(0.9).add_(delta)
+    anchor.sub_(0.7 * (delta + 0.9 * momentum))
+    flat.copy_(anchor)
+
+
+def test_diloco_outer_step_names_plain_momentum_and_counts_all_reduces():
+    with pytest.raises(ExerciseFailed, match="plain momentum"):
+        check_diloco_outer_step(_heavy_ball)
+    with pytest.raises(ExerciseFailed, match="exactly one all_reduce"):
+        check_diloco_outer_step(_two_messages)
