@@ -48,13 +48,15 @@ def main(argv=None) -> int:
 
 def _train(a) -> int:
     rank, p, m = dist.get_rank(), dist.get_world_size(), a.microbatches
+    latency = pl.hand_off_latency()
     out = pl.pipeline_train(a.schedule, steps=a.steps, m=m, batch=a.batch, lr=a.lr, layers=a.layers,
                             hidden=a.hidden, fwd_s=a.stage_ms / 1e3, record=True)
     say(f"[rank {rank}/{p}] stage {rank} schedule={a.schedule} backend={dist.get_backend()} "
         f"peak activations {out['peak_bytes']} B = {out['peak_bytes'] / max(out['microbatch_bytes'], 1):g} "
         f"micro-batches of {out['microbatch_bytes']} B")
     gathered = [None] * p
-    dist.gather_object({k: out[k] for k in ("params", "events", "peak_bytes", "microbatch_bytes")},
+    dist.gather_object(dict({k: out[k] for k in ("params", "events", "peak_bytes", "microbatch_bytes")},
+                            latency=latency),
                        gathered if rank == 0 else None, dst=0)
     ok = True
     if rank == 0:
@@ -72,6 +74,13 @@ def _report(a, gathered) -> bool:
     say(f"[rank 0] bubble (p-1)/(m+p-1) = {float(formula):.4f}; replayed from the recorded order: "
         f"{[f'{float(b):.4f}' for b in replayed]}; measured on the timeline: {[f'{b:.4f}' for b in measured]}")
     ok = all(b == formula for b in replayed)
+    if a.stage_ms > 0:
+        delta = max(g["latency"] for g in gathered)
+        allowance = pl.wall_clock_allowance([g["events"] for g in gathered], delta, a.stage_ms / 1e3)
+        excess = sum(measured) / len(measured) - float(formula)
+        say(f"[rank 0] wall clock minus formula: {excess:+.4f}; allowed by the hand-offs ({delta * 1e3:.2f} ms per "
+            f"message, {3 * a.stage_ms:g} ms per slot) and the sleeps' overshoot: {allowance:.4f} "
+            f"({'WITHIN' if abs(excess) <= allowance else 'OUTSIDE'})")
     for s, g in enumerate(gathered):
         want = pl.in_flight_formula(a.schedule, s, p, m) * g["microbatch_bytes"]
         same = g["peak_bytes"] == want

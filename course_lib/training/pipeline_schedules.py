@@ -1,0 +1,85 @@
+"""Pipeline schedules as orders of forwards and backwards, their bubble and memory, and an ideal clock (notebook 14).
+
+GPipe (Huang et al., NeurIPS 2019, section 2.2): every forward, then every backward. 1F1B (PipeDream-Flush, Narayanan
+et al., ICML 2021; Megatron-LM, Narayanan et al. SC'21, section 2.2.1): min(p - s - 1, m) warm-up forwards on stage
+s, then one forward and one backward in turn, then the backwards left. `simulate` runs every stage's order on an
+ideal clock (forward 1 slot, backward 2, messages free), so a schedule's bubble and memory can be read off exactly,
+and a deadlock is found without starting a rank.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+
+def gpipe_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
+    """GPipe: every micro-batch's forward, then every backward (the same on every stage)."""
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def one_f_one_b_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
+    """1F1B (PipeDream-Flush): min(p - stage - 1, m) warm-up forwards, then F, B in turn, then the last backwards."""
+    warm = min(p - stage - 1, m)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
+SCHEDULES = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
+
+
+def bubble_formula(p: int, m: int) -> Fraction:
+    """Share of a step each stage idles, exactly: (p - 1) / (m + p - 1) (GPipe, section 2.2; Megatron SC'21,
+    section 2.2.1, where it is the bubble time over the whole step)."""
+    return Fraction(p - 1, m + p - 1)
+
+
+def in_flight_formula(schedule: str, stage: int, p: int, m: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak: GPipe m, 1F1B min(p - stage, m)."""
+    return m if schedule == "gpipe" else min(p - stage, m)
+
+
+def peak_in_flight(order) -> int:
+    """Most forwards not yet matched by their backward at any point of a stage's order."""
+    live = peak = 0
+    for kind, _ in order:
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def simulate(orders: list, fwd: int = 1, bwd: int = 2) -> list[list[tuple[str, int, int, int]]]:
+    """Run every stage's order on an ideal clock (forward `fwd` slots, backward `bwd`, messages free): F i on stage s
+    waits for F i on s-1, B i for B i on s+1. Returns per stage [(kind, i, start, end)]; raises on a deadlock."""
+    p = len(orders)
+    done: dict[tuple[str, int, int], int] = {}
+    pos, free, out = [0] * p, [0] * p, [[] for _ in range(p)]
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][pos[s]]
+            dep = ("F", s - 1, i) if kind == "F" and s > 0 else ("B", s + 1, i) if kind == "B" and s < p - 1 else None
+            if kind == "B" and s == p - 1:
+                dep = ("F", s, i)              # the last stage's backward starts from its own forward's loss
+            if dep is not None and dep not in done:
+                continue
+            start = max(free[s], done.get(dep, 0))
+            end = start + (fwd if kind == "F" else bwd)
+            done[(kind, s, i)] = free[s] = end
+            out[s].append((kind, i, start, end))
+            pos[s] += 1
+            moved = True
+        if not moved:
+            stuck = {s: orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])}
+            raise RuntimeError(f"the schedule deadlocks: each stage waits for another (next actions {stuck})")
+    return out
+
+
+def simulated_bubble(orders: list, fwd: int = 1, bwd: int = 2) -> list[Fraction]:
+    """Each stage's idle share of the ideal clock from simulate(), as an exact fraction."""
+    runs = simulate(orders, fwd, bwd)
+    span = max(e for r in runs for *_, e in r)
+    return [1 - Fraction(sum(e - s for *_, s, e in r), span) for r in runs]
