@@ -12,7 +12,15 @@ import sys
 import time
 
 from . import transfer
-from ._rank_setup import become_rank, failure_report, host_env_rendezvous, init_group, rss_bytes, to_cpu
+from ._rank_setup import (
+    become_rank,
+    failure_report,
+    host_env_rendezvous,
+    init_group,
+    leave_env_rendezvous,
+    rss_bytes,
+    to_cpu,
+)
 from .protocol import EXIT_OK, EXIT_RAISED, STARTED
 
 
@@ -52,6 +60,8 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
         value = fn(*args, **kwargs)
         times["fn_s"] = time.perf_counter() - t1
         phase = "teardown"
+        if not msg["init"]:
+            leave_env_rendezvous(msg)
         if dist.is_initialized():
             t2 = time.perf_counter()
             # Same race as at setup, for groups the function made (dist.new_group): a rank that returns at once

@@ -97,6 +97,15 @@ def host_env_rendezvous(msg: dict) -> None:
         board.set("course_lib/master_port", str(store.port))
     board.set_timeout(timeout)
     os.environ["MASTER_PORT"] = board.get("course_lib/master_port").decode()
+    _OWN_STORE.append(board)
+
+
+def leave_env_rendezvous(msg: dict) -> None:
+    """Rank 0 keeps hosting the store until every rank's function has returned: a peer may still be reading it."""
+    board = _OWN_STORE[-1]
+    board.set(f"course_lib/returned/{msg['rank']}", "1")
+    if msg["rank"] == 0:
+        board.wait([f"course_lib/returned/{r}" for r in range(msg["world_size"])])
 
 
 def to_cpu(value):

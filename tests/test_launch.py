@@ -213,6 +213,27 @@ def test_a_learners_own_rendezvous_works_under_init_false():
     assert run(by_tcp, 3, args=(_free_port(),), init=False, timeout=10, output="none").values == [6.0] * 3
 
 
+def test_the_env_store_outlives_rank_0s_function():
+    # Rank 0 hosts the store; it returns at once while rank 1 still has to read it (notebook 03 uses it by hand).
+    fn = notebook_function(
+        """
+        import os, time
+        from datetime import timedelta
+        import torch.distributed as dist
+        def late_reader():
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                  timeout=timedelta(seconds=10))
+            if os.environ["RANK"] == "0":
+                store.set("lesson/k", "written by rank 0")
+                return None
+            time.sleep(0.5)
+            return store.get("lesson/k").decode()
+        """,
+        "late_reader",
+    )
+    assert run(fn, 2, init=False, timeout=10, output="none").values == [None, "written by rank 0"]
+
+
 def _no_server(monkeypatch):
     monkeypatch.setattr(course_lib.launch, "get_server", lambda *a: pytest.fail("a process was about to start"))
 
