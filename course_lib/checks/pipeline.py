@@ -139,16 +139,17 @@ STEPS, OVERFLOW = 8, {2: 1, 3: 0, 5: 1}          # step -> the one stage (rank) 
 
 
 def _loss_scaling_case(learner, growth_interval, lr):
+    from ..devices import device
     from ..measure.comm_log import CommLog
     rank = dist.get_rank()
     torch.manual_seed(rank)
-    stage = nn.Linear(4, 4)
+    stage = nn.Linear(4, 4).to(device())
     scaler = {"scale": 2.0 ** 10, "good_steps": 0, "growth_interval": growth_interval}
     history = []
     for step in range(STEPS):
         g = torch.Generator().manual_seed(100 * step + rank)
         for q in stage.parameters():
-            q.grad = torch.randn(q.shape, generator=g) * scaler["scale"]      # gradients of loss x scale
+            q.grad = (torch.randn(q.shape, generator=g) * scaler["scale"]).to(q.device)   # of loss x scale
         if OVERFLOW.get(step) == rank:
             stage.weight.grad[0, 0] = float("inf")
         with CommLog() as log:
@@ -158,7 +159,7 @@ def _loss_scaling_case(learner, growth_interval, lr):
                                         "torch.amp.grad_scaler.GradScaler.update"]):
                 stepped = learner(stage, lr, scaler)
         history.append((bool(stepped), scaler["scale"], scaler["good_steps"], [c.op for c in log.calls],
-                        [q.detach().clone() for q in stage.parameters()]))
+                        [q.detach().cpu().clone() for q in stage.parameters()]))
     return history
 
 

@@ -30,8 +30,8 @@ SCHEDULES = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
 
 
 def bubble_formula(p: int, m: int) -> Fraction:
-    """Share of a step each stage idles, exactly: (p - 1) / (m + p - 1) (GPipe, section 2.2; Megatron SC'21,
-    section 2.2.1, where it is the bubble time over the whole step)."""
+    """Share of a step each stage idles, exactly: (p - 1) / (m + p - 1) (GPipe, section 2.2). Megatron-LM (SC'21,
+    section 2.2.1) writes the same bubble as (p - 1) / m of the ideal, bubble-free time."""
     return Fraction(p - 1, m + p - 1)
 
 
