@@ -239,7 +239,8 @@ def wall_clock_allowance(per_rank: list, latency: float, fwd_s: float) -> float:
     """How far the wall-clock bubble may exceed the formula from what the ideal clock leaves out: each of the
     2(m+p-1) hand-offs on the critical path adds one message (`latency`, from hand_off_latency) and the mean time a
     compute region ran past its sleep, to a slot of fwd_s + 2 fwd_s; relative to the step that is
-    2 (latency + overshoot) / (3 fwd_s)."""
+    2 (latency + overshoot) / (3 fwd_s). Left out: the real layers and Python between the regions, and time spent
+    waiting for a core, which a machine with fewer cores than ranks adds on top."""
     over = [e - s - (fwd_s if n == "F" else 2 * fwd_s) for events in per_rank for lane, n, s, e in events
             if lane == "compute"]
     return 2 * (latency + sum(over) / len(over)) / (3 * fwd_s)
