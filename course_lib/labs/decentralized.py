@@ -77,9 +77,11 @@ def _one(arch: str, a) -> int:
     say(f"[rank {rank}/{world}] arch={arch} backend={dist.get_backend()} p2p bytes/step sent={sent:.0f} "
         f"loss {out['losses'][0]:.4f} -> {out['losses'][-1]:.4f} on its batches; final loss on all digits "
         f"{out['final_loss']:.4f}, median step {statistics.median(out['step_s']) * 1e3:.1f} ms")
-    params = [torch.empty_like(out["params"]) for _ in range(world)]
-    dist.all_gather(params, out["params"].to(torch.device("cuda", torch.cuda.current_device()))
-                    if dist.get_backend() == "nccl" else out["params"])
+    # every rank's final weights to rank 0 (on the rank's GPU under NCCL, which moves only device tensors)
+    mine = out["params"].to(torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+                            else torch.device("cpu"))
+    params = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(params, mine)
     ok = True
     if rank == 0 and not a.no_check:
         ref = _reference(arch, a, world)
