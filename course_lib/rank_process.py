@@ -59,11 +59,12 @@ def payload(the_plan, rank: int, *, timeout: float, check_collectives: bool, sto
 def rank_preloads() -> tuple[str, ...]:
     """Modules the rank server should import once for this kernel's ranks, from what the kernel has imported.
 
-    torch imports torch._dynamo on the first use of FSDP2, DTensor or a TorchDispatchMode: 2-6 s per rank per launch
-    on 2 cores, about 3 s once in the server. A kernel that imported FSDP2 or DTensor, or defined its own dispatch
-    mode, will use them in its ranks.
+    torch imports torch._dynamo on the first use of FSDP2, DTensor, a TorchDispatchMode or any torch.optim optimizer:
+    2-6 s per rank per launch on 2 cores, about 3 s once in the server. A kernel that imported FSDP2 or DTensor,
+    defined its own dispatch mode, or has already paid for torch._dynamo itself (it built an optimizer, a DDP model,
+    a reference run) will use them in its ranks too; any other kernel keeps the server's fast start.
     """
-    if any(name in sys.modules for name in ("torch.distributed.fsdp", "torch.distributed.tensor")):
+    if any(name in sys.modules for name in ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor")):
         return ("torch._dynamo",)
     dispatch = sys.modules.get("torch.utils._python_dispatch")
     if dispatch is not None:

@@ -348,6 +348,9 @@ def test_the_rank_server_preloads_dynamo_only_for_kernels_that_will_use_it():
     code = "from course_lib.rank_process import rank_preloads; print(rank_preloads())"
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert plain.stdout.strip() == "()", plain.stderr  # a kernel that uses none of them starts its server fast
+    optim = subprocess.run([sys.executable, "-c", "import torch; torch.optim.SGD([torch.zeros(1, requires_grad=True)]"
+                            ", lr=0.1); " + code], capture_output=True, text=True, timeout=60)
+    assert optim.stdout.strip() == "('torch._dynamo',)", optim.stderr  # an optimizer imported torch._dynamo here
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountCalls(TorchDispatchMode):  # a learner's own dispatch mode, as CommLog is one
