@@ -1,6 +1,6 @@
 """Elastic restart lab: train, checkpoint with torch.distributed.checkpoint, lose a rank, resume (notebook 16).
 
-    torchrun --nproc-per-node=2 --max-restarts=3 -m course_lib.labs.elastic --ckpt-dir /tmp/ck --out /tmp/w.pt \\
+    torchrun --nproc-per-node=2 --max-restarts=3 -m course_lib.labs.elastic --ckpt-dir ckpt --out weights.pt \\
         --kill-rank 1 --kill-step 7
 
 Rank --kill-rank SIGKILLs itself once at --kill-step (a marker file makes it once, as PyTorch's own elastic tests

@@ -1,9 +1,15 @@
-"""Measuring what a rank does: its messages, its collectives, its time and its memory (notebooks 08-13).
+"""Measuring what a rank does: its messages, its collectives, its time and its memory (notebooks 08-15).
 
-intercept: hooks on this rank's point-to-point calls; traffic: bytes per step counted through them; netem: a slow
-link emulated through them; comm_log: every collective a rank runs (ours, FSDP2's, DTensor's) with its bytes;
-timeline: labelled regions from torch.profiler as per-rank lanes; memory: bytes a rank holds by category, and the
-ZeRO paper's formulas. The algorithms these measure live in course_lib.training. Submodules are imported on use:
-comm_log's first use costs seconds per rank (it imports torch._dynamo), and the fork server preloads it only for
-kernels that imported it.
+- intercept: hooks on this rank's point-to-point calls; traffic: bytes per step counted through them; netem: a slow
+  link emulated through them.
+- comm_log: every collective a rank runs (ours, FSDP2's, DTensor's) with its bytes; collective_calls: every dist.*
+  collective call, also from hooks on gloo's threads (11); alltoall_log: what each all-to-all sends to and receives
+  from every peer (15).
+- timeline: labelled regions from torch.profiler as per-rank lanes.
+- memory: bytes a rank holds by category, and the ZeRO paper's formulas; activations: bytes autograd saves for
+  backward, per layer (14); peak_memory: the most memory a call's tensors held at once (15).
+
+The algorithms these measure live in course_lib.training. Submodules are imported on use: comm_log's first use
+costs seconds per rank (it imports torch._dynamo), and the rank server preloads that only for kernels that will
+need it (course_lib.rank_process.rank_preloads).
 """

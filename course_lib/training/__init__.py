@@ -1,12 +1,18 @@
-"""Training algorithms across ranks: parameter server, all-reduce data parallel (notebooks 08-10), ZeRO, FSDP2 and
-tensor parallel (12-13).
+"""Training algorithms across ranks, one module per concept, in the order the notebooks teach them.
 
-data/model: the UCI digits set sharded per worker and a small MLP; ps: a parameter server over point-to-point;
-allreduce: hand-written, bucketed and torch DDP all-reduce training; projection/scaling: the cost model's step time
-for PS and ring next to emulated runs; adam/zero/fsdp/sharded_loop: Adam by hand, ZeRO stages 0-3 from
-reduce-scatter and all-gather, FSDP2's fully_shard, and the loop they share; tensor_parallel: the Megatron
-column/row split; tolerance: how close each of them must end to its single-process reference. What measures them
-(messages, collectives, timelines, memory) is in course_lib.measure.
+- data, model: the UCI digits sharded per worker and a small MLP; threads: one intra-op thread for small references.
+- ps (08); allreduce, overlap (09: by hand, in buckets, DDP; all-reduce overlapped with backward over an emulated
+  NIC); projection, scaling (10: the cost model's step time for PS and ring next to emulated runs).
+- gossip, local_sgd, compression, decentralized_cost, straggler (11: D-PSGD on graphs, local SGD and DiLoCo,
+  top-k and PowerSGD, their costs side by side, a slow rank).
+- adam, zero, fsdp, sharded_loop (12: Adam by hand, ZeRO stages 0-3, FSDP2's fully_shard, the loop they share).
+- tensor_parallel (13: Megatron's column/row split, sequence parallelism).
+- pipeline, pipeline_schedules, mixed_precision, parallel_plan (14: stages, GPipe and 1F1B, bf16/fp16 with loss
+  scaling, a DP/ZeRO/TP/PP layout calculator).
+- moe, ring_attention, mesh (15: experts over all_to_all, ring attention, 2-D device meshes).
+- tolerance: how close each of them must end to its single-process reference, and why.
+
+What measures them (messages, collectives, timelines, memory) is in course_lib.measure.
 """
 
 from .data import combined_batch, load_digits, worker_batch
