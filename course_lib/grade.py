@@ -159,6 +159,25 @@ def kernel_manager(folder: str):
     return AsyncKernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(folder, "kernel"))
 
 
+def execute(nb, cwd: Path, timeout: float) -> None:
+    """Run a notebook top to bottom (errors kept in the outputs) in a fresh IPC kernel, then end that kernel and
+    everything it started: nbclient leaves a kernel it did not create running (the student-copy tests use this)."""
+    from nbclient import NotebookClient
+
+    with tempfile.TemporaryDirectory(prefix="nb-") as folder:
+        km = kernel_manager(folder)
+        client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=True,
+                                resources={"metadata": {"path": str(cwd)}})
+        with client.setup_kernel():
+            process = getattr(km.provisioner, "process", None)
+            try:
+                client.execute()
+            finally:
+                kill_tree(km.provisioner.pid if km.provisioner is not None else None)
+                if process is not None:
+                    process.wait(timeout=10)    # reap it: no zombie left behind
+
+
 # ------------------------------------------------------------------ one submission, in a worker process
 class _Run:
     """Runs one submission in kernels it starts and kills itself; reports each verdict as a JSON line."""

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+_STUDENT_MARK = 'raise NotImplementedError("Exercise '   # what a solution region becomes in a student copy
 # An exercise heading: "**★ Exercise 1.1.**", "### ★★ Exercise 3.1: ...", "## 3. Exercise 6.1 (★★): ...",
 # "**Exercise 5b.1 (★): ...**" at the start
 # of a line; a sentence that merely mentions an exercise ("Exercise 8.3 bounds staleness ...") is not one.
@@ -180,7 +181,8 @@ def _names(source: str, modules: frozenset = frozenset()) -> tuple[set[str], set
 
 
 def cells_needed(nb: dict) -> list[int]:
-    """Indices of the code cells that can behave differently in a student copy, and the cells they need.
+    """Indices of the code cells that can behave differently in a student copy, and the cells they need (of a
+    worked notebook or of its student copy).
 
     Kept: every exercise cell (solution and check), every later cell that reads what a solution defines
     (transitively), every cell those cells read from (transitively), and magics (%ranks start, %%ranks: the ranks'
@@ -191,7 +193,7 @@ def cells_needed(nb: dict) -> list[int]:
 
     cells = nb["cells"]
     code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"]
-    solutions = [i for i in code if BEGIN in _source(cells[i])]
+    solutions = [i for i in code if BEGIN in _source(cells[i]) or _STUDENT_MARK in _source(cells[i])]
     if not solutions:
         return code
     checks = [next((k for k in code if k > i), i) for i in solutions]
