@@ -13,3 +13,18 @@ def test_command_targets_a_real_head_node_or_this_machine():
     assert "--rdzv-conf=is_host=1" in here
     assert "--rdzv-conf=is_host=0" in torchrun.command("course_lib.labs.hello", nnodes=2, node_rank=1, port=1234)
     assert real[-2:] == ["-m", "course_lib.labs.hello"]
+
+
+def test_torchrun_lines_shown_to_a_learner_carry_no_path_of_this_machine():
+    import sys
+    import tempfile
+
+    from course_lib.labs.torchrun import readable
+
+    gloo = ("[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+            "Connection closed by peer [127.0.0.1]:17332.")
+    assert readable(gloo) == "[rank0]: RuntimeError: Connection closed by peer [127.0.0.1]:17332."
+    agent = f"failed (exitcode: -9) local_rank: 0 (pid: 502) of binary: {sys.executable}"
+    assert readable(agent) == "failed (exitcode: -9) local_rank: 0 (pid: 502) of binary: python"
+    err = f"error_file: {tempfile.gettempdir()}/torchelastic_x/none_y/attempt_0/0/error.json"
+    assert readable(err) == "error_file: <temporary file>"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -150,8 +152,19 @@ def run(module: str, args=(), nproc: int = 2, timeout: float = 60.0, max_restart
     return run_nodes(module, args, 1, nproc, timeout, max_restarts, env)[0]
 
 
+def readable(line: str) -> str:
+    """A line of torchrun's output without what only this machine has: C++ source paths, the interpreter's path and
+    temporary folders (the meaning stays: which worker, which exit code, which error)."""
+    from ..rank_failure import clean
+
+    line = clean(line)
+    for interpreter in {os.path.realpath(sys.executable), sys.executable}:
+        line = line.replace(interpreter, "python")
+    return re.sub(re.escape(tempfile.gettempdir()) + r"/[^\s,'\"]*", "<temporary file>", line)
+
+
 def show(result: Finished, keep=("rank", "Error", "error", "Restarting", "restart", "failed", "Ranks")) -> None:
     """Print the lines of torchrun's output a learner should read (everything, when `keep` is empty)."""
     for line in result.output.splitlines():
         if not keep or any(k in line for k in keep):
-            print(line)
+            print(readable(line))
