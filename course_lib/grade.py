@@ -441,8 +441,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one cell may run (default: 120)")
     ap.add_argument("--submission-timeout", type=float, default=1800.0,
                     help="seconds one student's notebook may run in all (default: 1800)")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="submissions graded at once, each in its own kernel (default: 1; see the instructor guide)")
+    ap.add_argument("--jobs", type=int, default=(os.cpu_count() or 1) + 1,
+                    help="submissions graded at once, each in its own kernel (default: CPU cores + 1, the fastest "
+                         "measured on 2 cores; see the instructor guide)")
     args = ap.parse_args(argv)
     subs = Path(args.submissions)
     if not subs.is_dir():
