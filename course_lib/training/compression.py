@@ -14,6 +14,7 @@ start). Which tensors are compressed follows torch's DDP hook (ddp_comm_hooks.po
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -24,8 +25,9 @@ from .. import device
 from ..collectives import chunk_bounds, ring_all_gather, ring_all_reduce
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
+from . import tolerance
 from .data import worker_batch
-from .gossip import digits, evaluate
+from .gossip import digits, evaluate, mean_atol
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
@@ -84,8 +86,8 @@ class PowerSGD:
         for i, w in enumerate(self.params):
             if compressed(w.shape, r):
                 n, m = w.shape[0], w[0].numel()
-                self.q[i] = orthogonalize(torch.randn(m, min(n, m, r), generator=gen)).to(w.device)
-                self.error[i] = torch.zeros(n, m, device=w.device)
+                self.q[i] = orthogonalize(torch.randn(m, min(n, m, r), generator=gen)).to(w.device, w.dtype)
+                self.error[i] = torch.zeros(n, m, device=w.device, dtype=w.dtype)
 
     def all_reduce_(self, grads: list, all_reduce=ring_all_reduce) -> None:
         """Replace every gradient by its compressed average over ranks, in place, with two all-reduces."""
@@ -115,23 +117,24 @@ class PowerSGD:
 
 def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int = 32, lr: float = 0.1,
                      hidden: int = 256, seed: int = 0, rank_r: int = 2, k_fraction: float = 0.01, link=None,
-                     straggler=None) -> dict:
+                     straggler=None, dtype: torch.dtype = torch.float32) -> dict:
     """Run on every rank: SGD whose gradients travel compressed, method "powersgd" (rank rank_r) or "topk" (the k =
     k_fraction of all entries with the largest magnitude, error feedback), over the course's ring collectives.
 
+    dtype=torch.float64 for the comparison with simulate_powersgd (powersgd_atol: float32 cannot decide it).
     Returns final flat parameters, per-step losses, seconds, bytes (sent, received), compute seconds, the final
     loss and accuracy on all digits.
     """
     if method not in ("powersgd", "topk"):
         raise ValueError(f"method must be 'powersgd' or 'topk', got {method!r}")
     rank, p = dist.get_rank(), dist.get_world_size()
-    model = make_mlp(hidden, seed).to(device())
+    model = make_mlp(hidden, seed, dtype).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
     params = list(model.parameters())
     state = PowerSGD(params, rank_r, seed) if method == "powersgd" else None
     numel = sum(q.numel() for q in params)
     k = max(1, int(k_fraction * numel))
-    memory = torch.zeros(numel, device=device())
+    memory = torch.zeros(numel, device=device(), dtype=dtype)
     x, y = digits()
     meter = Meter()
     losses, step_s = [], []
@@ -140,7 +143,7 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
             t = time.perf_counter()
             xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
             model.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb.to(device())), yb.to(device()))
+            loss = nn.functional.cross_entropy(model(xb.to(device(), dtype)), yb.to(device()))
             loss.backward()
             if state is not None:
                 grads = [q.grad for q in params]
@@ -162,16 +165,20 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
     final_loss, acc = evaluate(model)
     return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
             "compute_s": slow.compute_s, "final_loss": final_loss, "accuracy": acc, "k": k,
-            "shapes": [tuple(q.shape) for q in params], "model_bytes": numel * 4}
+            "shapes": [tuple(q.shape) for q in params], "model_bytes": numel * params[0].element_size()}
 
 
 @single_threaded
 def simulate_powersgd(n_workers: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
-                      seed: int = 0, r: int = 2) -> torch.Tensor:
+                      seed: int = 0, r: int = 2, dtype: torch.dtype = torch.float32, record: list | None = None
+                      ) -> torch.Tensor:
     """One process computing what n ranks of compressed_train("powersgd") compute (sums over workers instead of
-    all-reduces): the weights every rank must end with."""
+    all-reduces): the weights every rank must end with. `record`, when a list, gets per step (the largest
+    amplification A = ||M||_F ||Q||_2 / sigma_r(M Q) of any compressed matrix M (the workers' mean), the largest
+    |entry| of any M): what powersgd_atol needs."""
     x, y = digits()
-    model = make_mlp(hidden, seed)
+    x = x.to(dtype)
+    model = make_mlp(hidden, seed, dtype)
     params = list(model.parameters())
     states = [PowerSGD(params, r, seed) for _ in range(n_workers)]
     ref = states[0]
@@ -182,19 +189,57 @@ def simulate_powersgd(n_workers: int, steps: int, batch_size: int = 32, lr: floa
             model.zero_grad()
             nn.functional.cross_entropy(model(xb), yb).backward()
             grads.append([q.grad.clone() for q in params])
-        new = []
+        new, amp, big = [], 0.0, 0.0
         for i, q in enumerate(params):
             if i not in ref.q:
                 new.append(sum(g[i] for g in grads) / n_workers)
                 continue
             mats = [g[i].reshape(q.shape[0], -1) + s.error[i] for g, s in zip(grads, states)]
+            if record is not None:
+                mean = sum(mats) / n_workers
+                sigma = torch.linalg.svdvals(mean @ ref.q[i])[-1].item()
+                amp = max(amp, mean.norm().item() * torch.linalg.matrix_norm(ref.q[i], 2).item() / sigma
+                          if sigma > 0 else math.inf)
+                big = max(big, max(mt.abs().max().item() for mt in mats))
             pm = orthogonalize(sum(mt @ ref.q[i] for mt in mats))
             qm = sum(mt.T @ pm for mt in mats) / n_workers
             approx = pm @ qm.T
             for s, mt in zip(states, mats):
                 s.q[i], s.error[i] = qm, mt - approx
             new.append(approx.view_as(q))
+        if record is not None:
+            record.append((amp, big))
         with torch.no_grad():
             for q, g in zip(params, new):
                 q -= lr * g
     return flat_params(model)
+
+
+def powersgd_atol(n_workers: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
+                  seed: int = 0, r: int = 2, dtype: torch.dtype = torch.float64) -> float:
+    """How far compressed_train("powersgd") may end from simulate_powersgd through rounding alone, to first order.
+
+    Per compressed n x m matrix, in Frobenius norm: each step's input M = gradient + error differs by what the
+    error memory carried over plus b = sqrt(nm) (tolerance.grad_atol of the gradient + mean_atol of the mean over
+    ranks + the rounding of the products M Q, M^T P, P Q^T, sums of at most max(n, m) + r terms below the largest
+    entry). The rank-r result P P^T M moves by that times 1 + 2A: orthogonalizing P turns a change dP into a turn of
+    its column space by at most ||dP|| / sigma_r(P) (Wedin's bound), doubled for the QR's own rounding and the
+    warm-start Q's difference; A (measured, per step, by the simulation) is that amplification relative to M. Error
+    feedback carries input and output differences into the next step, so the bound compounds: over 3 steps in float64
+    it is ~1e-7, over 16 it says nothing; in float32 it says nothing after one step. Compare in float64 over a few
+    steps."""
+    record: list = []
+    simulate_powersgd(n_workers, steps, batch_size, lr, hidden, seed, r, dtype, record)
+    u = tolerance.unit_roundoff(dtype)
+    shapes = [(s[0], math.prod(s[1:])) for s in (tuple(q.shape) for q in make_mlp(hidden).parameters())
+              if compressed(s, r)]
+    size, longest = max(n * m for n, m in shapes), max(max(n, m) for n, m in shapes)
+    carry = total = 0.0   # the plainly averaged vectors differ by far less (mean_atol per step): inside the bound
+    for amp, big in record:
+        b = math.sqrt(size) * (tolerance.grad_atol(batch_size, hidden, dtype) + mean_atol(n_workers, big, dtype)
+                               + 2 * (longest + r) * u * big)
+        d = carry + b
+        out = (1 + 2 * amp) * d
+        total += lr * out + 2 * u * tolerance.WEIGHT       # and the rounding of w - lr g
+        carry = d + out
+    return total

@@ -4,8 +4,10 @@ Taught in notebooks/11_decentralized_training.ipynb (written there cell by cell 
 A topology says whom each rank talks to; its mixing matrix W says how much of each neighbour's model a rank keeps:
 after one gossip round rank i holds sum_j W[i, j] x_j. Every W here is doubly stochastic (rows and columns sum to
 1), so a round never moves the average of the models, only pulls the models towards it. How fast is set by
-rho = ||W - 11^T/p||_2 (the second-largest |eigenvalue| for these normal matrices): the distance to the average
-shrinks at least by rho per round, and 1 - rho is the spectral gap.
+rho = ||W - 11^T/p||_2: the distance to the average shrinks at least by rho per round, and 1 - rho is the spectral
+gap. Every W here is normal (circulant, or symmetric for the torus), so rho is also the largest |eigenvalue| of W
+once the average's 1 is set aside; for a non-normal W the 2-norm can be larger, and it is the 2-norm that bounds one
+round. A time-varying graph (the one-peer exponential graph) is judged by the product of its rounds' matrices.
 Topologies: ring (2 neighbours), 2-D torus (4), static exponential graph (rank i sends to i + 2^k, k = 0..tau-1,
 tau = ceil(log2 p)) and its one-peer version (round t: only i + 2^(t mod tau)), both from Ying et al., "Exponential
 Graph is Provably Efficient for Decentralized Deep Training", NeurIPS 2021; complete (everyone, weight 1/p).
@@ -26,6 +28,7 @@ from torch import nn
 from .. import device
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
+from . import tolerance
 from .data import load_digits, worker_batch
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
@@ -106,6 +109,35 @@ def spectral_gap(w: torch.Tensor) -> float:
     return 1.0 - rho(w)
 
 
+def steady_spread(w: torch.Tensor) -> float:
+    """D-PSGD's consensus distance once it settles, in units of the noise one step adds per rank: X <- W(X - lr G)
+    with gradient noise independent across ranks and steps keeps, in each eigen-direction k of W (normal W: an
+    orthonormal eigenbasis, the average's direction k = 0 left out), |l_k|^2 / (1 - |l_k|^2) times that noise; the
+    mean over ranks is (1/p) sum_k of it. The slowest direction (|l| = rho) dominates: about 1/(2 gap) for a small
+    gap. math.inf for a graph that never agrees."""
+    p = w.shape[0]
+    mags = torch.linalg.eigvals(w - torch.full_like(w, 1.0 / p)).abs().square()
+    if mags.max().item() >= 1 - 1e-12:
+        return math.inf
+    return (mags / (1 - mags)).sum().item() / p
+
+
+def mean_atol(terms: int, size: float, dtype: torch.dtype = torch.float32) -> float:
+    """Two float means of the same `terms` numbers, each at most `size`, summed in other orders: the sums differ by
+    tolerance.sum_atol (Higham 2002), divided by `terms`, plus each division's rounding. A mean with positive weights
+    summing to 1 (a gossip round, an all-reduce average) never amplifies a difference its inputs already had."""
+    return tolerance.sum_atol(terms, terms * size, dtype) / terms + 2 * tolerance.unit_roundoff(dtype) * size
+
+
+def averaged_sgd_atol(steps: int, lr: float, batch: int, width: int, terms: int,
+                      dtype: torch.dtype = torch.float32) -> float:
+    """How far two runs of `steps` SGD steps, each followed by a mean of `terms` models (a gossip round of d + 1
+    models; local SGD's or data parallel's average of p), may end apart through rounding: tolerance.sgd_atol (the
+    gradient over `batch` samples through layers `width` wide, and w - lr·g) plus one mean_atol of weights below
+    tolerance.WEIGHT per step."""
+    return tolerance.sgd_atol(steps, lr, batch, width, dtype) + steps * mean_atol(terms, tolerance.WEIGHT, dtype)
+
+
 def rounds_to_consensus(w: torch.Tensor, eps: float) -> float:
     """The fewest rounds t with rho^t <= eps: after them every rank's distance to the average is at most eps times
     what it was (math.inf when rho >= 1: a disconnected or periodic graph never agrees)."""
@@ -160,10 +192,10 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
 def evaluate(model: nn.Module) -> tuple[float, float]:
     """Loss and accuracy of a model on all 1797 digits (the set every rank trains on, shard by shard)."""
     x, y = digits()
-    dev = next(model.parameters()).device
+    q = next(model.parameters())
     with torch.no_grad():
-        out = model(x.to(dev))
-        return nn.functional.cross_entropy(out, y.to(dev)).item(), (out.argmax(1).cpu() == y).float().mean().item()
+        out = model(x.to(q.device, q.dtype))
+        return nn.functional.cross_entropy(out, y.to(q.device)).item(), (out.argmax(1).cpu() == y).float().mean().item()
 
 
 def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,

@@ -23,9 +23,10 @@ from .. import device
 from ..collectives import ring_all_reduce
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
+from . import tolerance
 from .adam import adam_step
 from .data import worker_batch
-from .gossip import digits, evaluate
+from .gossip import digits, evaluate, mean_atol
 from .model import flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
@@ -68,21 +69,23 @@ def _all_reduce(name: str):
 
 def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
                     seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, link=None,
-                    all_reduce: str = "ring", straggler=None, eval_every: int = 0, outer_step=None) -> dict:
+                    all_reduce: str = "ring", straggler=None, eval_every: int = 0, outer_step=None,
+                    dtype: torch.dtype = torch.float32) -> dict:
     """Run on every rank: local SGD (outer=None: H SGD steps, then average the models) or DiLoCo
     (outer="nesterov": H AdamW steps, then diloco_outer_step). A sync happens after steps H, 2H, ...
 
     eval_every > 0: at each sync whose step is a multiple of it, rank 0 records (step, bytes sent so far, training
     seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `straggler`: (rank,
     factor[, compute_s]) for straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
-    (exercise 11.3). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
+    (exercise 11.3). dtype=torch.float64 for comparisons with `simulate` that float32 cannot decide (AdamW:
+    diloco_atol). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
     compute seconds, and those evaluations.
     """
     if H < 1 or outer not in (None, "nesterov"):
         raise ValueError(f"need H >= 1 and outer None (local SGD) or 'nesterov' (DiLoCo); got H={H}, outer={outer!r}")
     reduce = _all_reduce(all_reduce)
     rank, p = dist.get_rank(), dist.get_world_size()
-    model = make_mlp(hidden, seed).to(device())
+    model = make_mlp(hidden, seed, dtype).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
     params = list(model.parameters())
     m, v = [torch.zeros_like(q) for q in params], [torch.zeros_like(q) for q in params]
@@ -96,7 +99,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
             t = time.perf_counter()
             xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
             model.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb.to(device())), yb.to(device()))
+            loss = nn.functional.cross_entropy(model(xb.to(device(), dtype)), yb.to(device()))
             loss.backward()
             with torch.no_grad():
                 for q, mq, vq in zip(params, m, v):
@@ -128,12 +131,14 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
 
 @single_threaded
 def simulate(n_workers: int, H: int, steps: int, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
-             seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, outer_step=None) -> torch.Tensor:
+             seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, outer_step=None,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """One process playing all n workers in turn (each with its own model and AdamW state, its own shard): the
     weights local SGD or DiLoCo must end with, without any communication. `outer_step(flats, anchor, buf)` may
     replace the outer update (checkers use it to reproduce a wrong variant); returns the final flat parameters."""
     x, y = digits()
-    models = [make_mlp(hidden, seed) for _ in range(n_workers)]
+    x = x.to(dtype)
+    models = [make_mlp(hidden, seed, dtype) for _ in range(n_workers)]
     states = [([torch.zeros_like(q) for q in mdl.parameters()], [torch.zeros_like(q) for q in mdl.parameters()])
               for mdl in models]
     anchor = flat_params(models[0])
@@ -162,3 +167,24 @@ def simulate(n_workers: int, H: int, steps: int, batch_size: int = 32, lr: float
                 set_flat_params(mdl, new.clone())   # a copy each: the parameters become views of what is set
     return flat_params(models[0])
 
+
+def diloco_atol(n_workers: int, H: int, steps: int, batch_size: int = 32, hidden: int = 256,
+                dtype: torch.dtype = torch.float64, lr: float = OUTER_LR, mu: float = OUTER_MOMENTUM,
+                inner_lr: float = INNER_LR) -> float:
+    """How far DiLoCo's weights may end from `simulate`'s through rounding alone, to first order (as tolerance.py).
+    Inner AdamW steps: tolerance.adam_atol's per-step bound, plus the decay's rounding (2u·WEIGHT; the
+    decay itself only shrinks a difference). Outer step: the pseudo-gradient anchor - mean(flat) differs by both
+    runs' anchor and flat differences plus the mean of n pseudo-gradients (each below 2·WEIGHT) taken in another
+    order (mean_atol); momentum keeps mu times its old difference plus that; the anchor moves lr·(g + mu·buf).
+    In float32 the Adam term is Adam's whole step (ε = 1e-8 divides the rounding): compare DiLoCo in float64."""
+    u, w = tolerance.unit_roundoff(dtype), tolerance.WEIGHT
+    anchor = buf = 0.0
+    for start in range(0, steps - steps % H, H):
+        inner = (tolerance.adam_atol(start + H, inner_lr, batch_size, hidden, dtype)
+                 - tolerance.adam_atol(start, inner_lr, batch_size, hidden, dtype) + H * 2 * u * w)
+        flat = anchor + inner
+        g = anchor + flat + mean_atol(n_workers, 2 * w, dtype) + 2 * u * 2 * w
+        buf = mu * buf + g + 2 * u * 2 * w / (1 - mu)
+        anchor = anchor + lr * (g + mu * buf) + 2 * u * w
+    return anchor + tolerance.adam_atol(steps, inner_lr, batch_size, hidden, dtype) - tolerance.adam_atol(
+        steps - steps % H, inner_lr, batch_size, hidden, dtype)
