@@ -48,6 +48,11 @@ def test_routing_serves_first_choices_first_and_drops_over_capacity():
     assert aux_loss(uniform, torch.tensor([0, 1, 2, 0, 1, 2])).item() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="do not split over 3 ranks"):
         experts_of(0, 4, 3)
+    torch.manual_seed(5)
+    before = torch.rand(3)
+    torch.manual_seed(5)
+    MoE()                                                  # builds the same layer, leaves the caller's stream alone
+    assert torch.equal(torch.rand(3), before)
 
 
 def test_expert_parallel_forward_equals_the_layer_and_moves_the_formula_bytes():

@@ -73,9 +73,12 @@ class MoE(nn.Module):
         super().__init__()
         if k not in (1, 2) or k > n_experts:
             raise ValueError(f"k is the experts per token, 1 (Switch) or 2 (GShard), at most n_experts; got {k}")
-        torch.manual_seed(seed)                      # same seed on every rank: the same full layer everywhere
-        self.gate = nn.Linear(d, n_experts, bias=False)
-        self.experts = nn.ModuleList(expert_mlp(d, hidden) for _ in range(n_experts))
+        # The same seed on every rank gives the same full layer everywhere; fork_rng keeps the caller's random
+        # stream as it was (seeding the global generator here would change every later torch.randn of the caller).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.gate = nn.Linear(d, n_experts, bias=False)
+            self.experts = nn.ModuleList(expert_mlp(d, hidden) for _ in range(n_experts))
         self.k, self.capacity_factor, self.n_experts = k, capacity_factor, n_experts
         self.to(dtype)
 
