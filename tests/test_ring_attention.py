@@ -2,7 +2,8 @@
 NaN); on 2 and 3 ranks the ring equals full attention (float64, to the reordering bound), causal with contiguous and
 zig-zag layouts, overlapped or not; bytes and messages per rank equal the formula exactly; the peak memory per rank
 is the formula plus a few row vectors; the causal work is balanced exactly by the zig-zag layout; the overlap
-model's crossover; and the exercise checker rejecting an overflowing softmax, a missing rescale and a gathered K/V."""
+model's crossover; and the exercise checker rejecting an overflowing softmax, a missing rescale, a row of scores
+built whole from blocks passed round the ring, and a gathered K/V."""
 
 import math
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from course_lib import run
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.expert_parallel import check_causal_ring_attention
-from course_lib.measure.peak_memory import peak_bytes
+from course_lib.measure.peak_memory import LargestTensor, peak_bytes
 from course_lib.measure.traffic import Meter, metered
 from course_lib.training.ring_attention import (
     attention,
@@ -135,6 +136,23 @@ def ring(q, k, v):
 GOOD = RIGHT.replace("MAX", "torch.maximum(m, s.amax(-1))").replace("RESCALE", "torch.exp(m - m_new)")
 NO_MAX = RIGHT.replace("MAX", "torch.zeros_like(m)").replace("RESCALE", "torch.ones_like(m)")  # exp(s) overflows
 NO_RESCALE = RIGHT.replace("MAX", "torch.maximum(m, s.amax(-1))").replace("RESCALE", "torch.ones_like(m)")
+COLLECTED = """
+def ring(q, k, v):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    seq = p * len(q)
+    kv, blocks = torch.stack([k, v]), []
+    for step in range(p):
+        blocks.append((kv, positions((rank - step) % p, p, seq, "zigzag")))
+        if step < p - 1:
+            nxt = torch.empty_like(kv)
+            for req in [dist.isend(kv, (rank + 1) % p), dist.irecv(nxt, (rank - 1) % p)]:
+                req.wait()
+            kv = nxt
+    keys, values = torch.cat([b[0][0] for b in blocks]), torch.cat([b[0][1] for b in blocks])
+    k_pos, q_pos = torch.cat([b[1] for b in blocks]), positions(rank, p, seq, "zigzag")
+    s = (q @ keys.T / math.sqrt(q.shape[-1])).masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    return s.softmax(-1) @ values
+"""                                 # the right messages and output, but a whole row of scores at once: no ring method
 GATHERED = """
 def ring(q, k, v):
     ks = [torch.empty_like(k) for _ in range(dist.get_world_size())]
@@ -151,5 +169,15 @@ def test_ring_checker_passes_the_right_answer_and_names_what_is_wrong(capsys):
         check_causal_ring_attention(notebook_function(NO_MAX, "ring", **g))
     with pytest.raises(ExerciseFailed, match="off by up to"):
         check_causal_ring_attention(notebook_function(NO_RESCALE, "ring", **g))
+    with pytest.raises(ExerciseFailed, match=r"made a aten\.\w+ result of shape \[6, 12\]"):
+        check_causal_ring_attention(notebook_function(COLLECTED, "ring", **g))
     with pytest.raises(ExerciseFailed, match="all_gather is switched off"):
         check_causal_ring_attention(notebook_function(GATHERED, "ring", **g))
+
+
+def test_largest_tensor_counts_results_not_broadcast_views():
+    with LargestTensor() as big:
+        a = torch.ones(4, 3)
+        a[None].expand(100, 4, 3)                      # a view: no new storage
+        torch.stack([a, a])
+    assert (big.bytes, big.shape, big.op) == (2 * 4 * 3 * 4, (2, 4, 3), "aten.stack")

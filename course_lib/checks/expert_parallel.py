@@ -60,9 +60,9 @@ def check_mesh_groups(mesh_groups, exercise: str = "Exercise 15.1 (mesh groups)"
     from ..training.mesh import mesh_groups as reference
     from .switch_off import SwitchedOff, switched_off
 
-    hint = ("number the ranks 0..N-1 row-major over the shape (the last dimension fastest, like a C array); a group "
-            "along dim is the ranks whose coordinates differ only on dim: torch.arange(N).reshape(shape), move dim "
-            "last, reshape to (-1, shape[dim]), tolist()")
+    hint = ("number the ranks 0..N-1 row-major over the shape (the last dimension varies fastest, as in a C array); "
+            "a group along dim holds the ranks whose coordinates agree on every other dimension, and there is one "
+            "group for each combination of the other coordinates")
 
     def mine(shape, dim):
         try:
@@ -198,21 +198,27 @@ def _qkv(p, chunk, d, scale):
     return [torch.randn(2 * p * chunk, d, generator=g, dtype=torch.float64) * s for s in (scale, scale, 1.0)]
 
 
-def _run_ring(fn, exercise, chunk, d, scale):
+def _run_ring(fn, exercise, chunk, d, scales):
+    """On every rank, for each score scale: the learner's output, its messages and the largest tensor it made."""
     import torch.distributed as dist
 
     from ..devices import device
+    from ..measure.peak_memory import LargestTensor
     from ..training.ring_attention import positions
     from .switch_off import switched_off
     from .traffic import Watch
     rank, p = dist.get_rank(), dist.get_world_size()
-    q, k, v = (t.to(device()) for t in _qkv(p, chunk, d, scale))
     pos = positions(rank, p, 2 * p * chunk, "zigzag").to(device())
-    with switched_off(exercise, forbid="all", why="passing K and V round a ring",
-                      library=[f"{RING}.ring_attention", f"{RING}.online_update", f"{RING}.attention"]):
-        with Watch() as w:
-            out = fn(q[pos], k[pos], v[pos])
-    return {"out": out.cpu() if isinstance(out, torch.Tensor) else out, "record": w.record(), "rank": rank}
+    out = []
+    for scale in scales:
+        q, k, v = (t.to(device())[pos] for t in _qkv(p, chunk, d, scale))
+        with switched_off(exercise, forbid="all", why="passing K and V round a ring",
+                          library=[f"{RING}.ring_attention", f"{RING}.online_update", f"{RING}.attention"]):
+            with Watch() as w, LargestTensor() as big:
+                o = fn(q, k, v)
+        out.append({"out": o.cpu() if isinstance(o, torch.Tensor) else o, "record": w.record(),
+                    "largest": (big.bytes, big.shape, big.op)})
+    return {"rank": rank, "scales": out}
 
 
 def check_causal_ring_attention(ring_attention_zigzag,
@@ -220,7 +226,9 @@ def check_causal_ring_attention(ring_attention_zigzag,
     """`ring_attention_zigzag(q, k, v)` -> this rank's causal attention output, its tokens being chunks r and
     2p-1-r of 2p (positions(rank, p, S, "zigzag")); K/V passed to rank+1 only, p-1 times; no collective. Compared
     with full causal attention in float64 on 2 and 3 ranks, with moderate scores and with scores near +-1000
-    (where exp overflows unless the running maximum is subtracted)."""
+    (where exp overflows unless the running maximum is subtracted). The method: no tensor the learner's code makes
+    may exceed one c x c block of scores or one stacked K/V pair, so neither a whole row of scores nor every rank's
+    keys ever exist on one rank (what the online softmax is for)."""
     from ..training.ring_attention import attention, positions
     from .traffic import summary
 
@@ -228,15 +236,16 @@ def check_causal_ring_attention(ring_attention_zigzag,
             "future adds nothing but must still be passed on; fold each block into (o, m, den) with the online "
             "softmax: m_new = max(m, rowmax(s)), rescale o and den by exp(m - m_new), add exp(s - m_new) @ v and "
             "the row sums of exp(s - m_new)")
-    chunk, d = 3, 4
+    chunk, d, scales = 3, 4, (1.0, 20.0)
+    c = 2 * chunk
     for world in (2, 3):
-        for scale in (1.0, 20.0):
-            vals = _launch(exercise, _run_ring, world, (ring_attention_zigzag, exercise, chunk, d, scale), hint)
+        vals = _launch(exercise, _run_ring, world, (ring_attention_zigzag, exercise, chunk, d, scales), hint)
+        for i, scale in enumerate(scales):
             q, k, v = _qkv(world, chunk, d, scale)
             full = attention(q, k, v, causal=True)
-            c = 2 * chunk
-            for val in vals:
-                rank, out = val["rank"], val["out"]
+            for rank_val in vals:
+                rank, val = rank_val["rank"], rank_val["scales"][i]
+                out = val["out"]
                 case = f"{world} ranks, rank {rank}, scores up to {float((q @ k.T).abs().max() / d ** 0.5):.0f}"
                 want = full[positions(rank, world, 2 * world * chunk, "zigzag")]
                 if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(want.shape):
@@ -261,5 +270,12 @@ def check_causal_ring_attention(ring_attention_zigzag,
                     raise ExerciseFailed(f"{exercise}: {case}: you sent {s['bytes_sent']} bytes to ranks "
                                          f"{s['sent_to']}; a ring passes K and V ({c} x {d} float64 each) to rank "
                                          f"{nxt} only, {world - 1} times: {sent} bytes.\nHint: {hint}")
+                biggest, shape, op = val["largest"]
+                if biggest > max(c * c, 2 * c * d) * 8:
+                    raise ExerciseFailed(f"{exercise}: {case}: your code made a {op} result of shape {list(shape)}, "
+                                         f"more than one {c} x {c} block of scores or one K/V pair (2 x {c} x {d}). "
+                                         f"Ring attention never holds a whole row of scores or every rank's keys: "
+                                         f"fold each block into (o, m, den) as it arrives.\nHint: {hint}")
     print(f"PASS {exercise}: causal attention of every zig-zag chunk equals full attention on 2 and 3 ranks, with "
-          f"scores up to ~1000, K/V sent only to the next rank, p-1 times, no collective")
+          f"scores up to ~1000, K/V sent only to the next rank, p-1 times, no collective, and no tensor larger "
+          f"than one block of scores")

@@ -49,6 +49,10 @@ class Exchange:
 class AllToAllLog(TorchDispatchMode):
     """`with AllToAllLog() as log:` records every all_to_all_single of this rank in the block (log.calls)."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False          # the default wrapper imports torch._dynamo (seconds per rank); nothing here compiles
+
     def __init__(self):
         super().__init__()
         self.calls: list[Exchange] = []

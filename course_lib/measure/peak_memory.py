@@ -1,15 +1,22 @@
-"""The most memory a function's tensors held at once, beyond what existed before it ran (notebook 15).
+"""The most memory a function's tensors held at once, beyond what existed before it ran, and the largest single
+tensor it made (notebook 15).
 
 On a GPU: torch.cuda's allocator statistics (max_memory_allocated after reset_peak_memory_stats). On the CPU, which
 keeps no such statistics: torch.profiler with profile_memory records every allocation and free, and its memory
 timeline (the one `export_memory_timeline` draws; torch.profiler._memory_profiler, private but present since
 torch 2.1 and checked by tests/test_ring_attention.py) replays them in order; the largest running total is the
 peak. Tensors that existed before the call are not counted.
+
+LargestTensor reads every operation's result at the dispatcher (any device, no profiler): a checker uses it to see
+whether a learner's ring attention ever built a tensor bigger than one block of scores, as gathering every rank's
+keys or a whole row of scores does.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
 def peak_bytes(fn, device: torch.device | str = "cpu"):
@@ -37,3 +44,34 @@ def peak_bytes(fn, device: torch.device | str = "cpu"):
             live -= size
         peak = max(peak, live)
     return out, peak
+
+
+def _bytes(t: torch.Tensor) -> int:
+    """Bytes a result occupies: its elements, or its storage when that is smaller (an expanded view repeats one
+    row without storing it again)."""
+    n = t.numel() * t.element_size()
+    try:
+        return min(n, t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):      # a tensor without storage (meta, sparse)
+        return n
+
+
+class LargestTensor(TorchDispatchMode):
+    """`with LargestTensor() as big:` the largest tensor any operation in the block produced (big.bytes, big.shape,
+    big.op). Communication operators (c10d) are left out: they fill buffers the caller made."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False          # the default wrapper imports torch._dynamo (seconds per rank); nothing here compiles
+
+    def __init__(self):
+        super().__init__()
+        self.bytes, self.shape, self.op = 0, (), None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace not in ("c10d", "_c10d_functional"):
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and _bytes(t) > self.bytes:
+                    self.bytes, self.shape, self.op = _bytes(t), tuple(t.shape), str(func.overloadpacket)
+        return out
