@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.decentralized import check_diloco_outer_step, check_one_peer_gossip, check_rounds_to_consensus
+from course_lib.training import gossip
 
 
 def _rounds(rho, eps):
@@ -34,6 +35,12 @@ def test_rounds_to_consensus_accepts_the_norm_and_rejects_eigvalsh_and_signed_ei
 
     with pytest.raises(ExerciseFailed, match="keeping no share of itself"):
         check_rounds_to_consensus(signed)
+    # one round too many: the message says which way, never the count itself (the first case: the ring of 4)
+    with pytest.raises(ExerciseFailed, match="too many") as err:
+        check_rounds_to_consensus(lambda w, eps: 1 + _rounds(torch.linalg.matrix_norm(w - 1 / w.shape[0], ord=2).item(),
+                                                             eps))
+    want = _rounds(torch.linalg.matrix_norm(gossip.mixing_matrix("ring", 4) - 1 / 4, ord=2).item(), 1e-2)
+    assert "ring, p=4" in str(err.value) and f" {want} round" not in str(err.value)
 
 
 def _all_reduce_average(x, t):
