@@ -18,8 +18,8 @@ def plot_mesh_groups(coords: list[tuple[int, int]], groups: list[dict], names: t
     rows, cols = max(c[0] for c in coords) + 1, max(c[1] for c in coords) + 1
     at = {r: (c[1], -c[0]) for r, c in enumerate(coords)}
     for i in range(rows):                                  # a node per row: the last dimension stays inside it
-        ax.add_patch(plt.Rectangle((-0.35, -i - 0.42), cols - 0.3, 0.72, fill=False, ec="gray", ls=":", lw=1))
-        ax.text(cols - 0.7, -i + 0.33, f"node {i}", fontsize=7, color="gray", ha="right", va="top")
+        ax.add_patch(plt.Rectangle((-0.35, -i - 0.42), cols, 0.72, fill=False, ec="gray", ls=":", lw=1))
+        ax.text(-0.42, -i, f"node {i}", fontsize=7, color="gray", ha="right", va="center")   # outside its box
     drawn = set()
     for dim, (name, link) in enumerate(zip(names, links)):
         col = PALETTE[dim]
@@ -36,7 +36,7 @@ def plot_mesh_groups(coords: list[tuple[int, int]], groups: list[dict], names: t
         ax.add_patch(plt.Circle((x, y), 0.16, color="white", ec="k", zorder=3))
         ax.text(x, y, str(r), ha="center", va="center", fontsize=10, zorder=4)
         ax.text(x + 0.2, y - 0.2, f"{coords[r]}", ha="left", va="center", fontsize=7, color="dimgray")
-    ax.set_xlim(-0.6, cols - 0.2)
+    ax.set_xlim(-1.0, cols - 0.15)
     ax.set_ylim(-rows + 0.5, 0.45)
     ax.set_aspect("equal")
     ax.axis("off")
