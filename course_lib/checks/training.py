@@ -262,8 +262,3 @@ def check_servers_to_match_ring(servers_needed, exercise: str = "Exercise 10.2")
         if got != want:
             raise ExerciseFailed(with_hint(f"{exercise}: n={n}: you said {got!r}, which is not the smallest k.", hint))
     return passed(exercise, "right for every n from 2 to 64")
-
-
-# The name notebook 08's first cell imports (exercise 8.2 asked for a plain SGD server step before it asked for
-# momentum); the check cell itself imports check_momentum_server_step.
-check_sync_server_step = check_momentum_server_step
