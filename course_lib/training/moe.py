@@ -2,7 +2,8 @@
 
 Taught in notebooks/15_expert_and_context_parallel.ipynb. Sparsely-gated MoE (Shazeer et al., ICLR 2017); top-2
 gating whose two weights are renormalised, and a capacity per expert for each group of tokens, first choices served
-before second choices (GShard, Lepikhin et al. 2020, section 2.2 and algorithm 1); top-1 gating weighted by the
+before second choices (GShard, Lepikhin et al. 2020, section 2.2 and algorithm 1, without its random dispatch of
+second choices, so that the expert-parallel run can be compared exactly); top-1 gating weighted by the
 router probability, capacity = capacity_factor x tokens x k / experts, tokens over capacity dropped (their MoE output
 is zero and the residual connection carries them on), and the auxiliary load-balancing loss
 alpha x E x sum_i f_i P_i (Switch Transformer, Fedus et al., JMLR 2022 / arXiv:2101.03961, section 2.2, eq. 4-6).

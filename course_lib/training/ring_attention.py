@@ -2,7 +2,8 @@
 
 Taught in notebooks/15_expert_and_context_parallel.ipynb. Online softmax: keep a running row maximum m and row sum
 l, rescale what was accumulated by exp(m_old - m_new) when a new block raises the maximum (Milakov & Gimelshein
-2018, "Online normalizer calculation for softmax", algorithm 3; used blockwise by FlashAttention, Dao et al. 2022).
+2018, "Online normalizer calculation for softmax", algorithm 3); the output's numerator o is carried along with them
+(Rabe & Staats 2021, arXiv:2112.05682; blockwise in FlashAttention, Dao et al. 2022).
 Ring attention: each of p ranks holds S/p queries, keys and values; the key/value blocks travel round the ring
 while every rank folds each arriving block into its own queries' attention, sending the next block while it
 computes (Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
