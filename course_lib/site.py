@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from .viz.sliders import NOTE as SLIDER_NOTE
+from .viz.sliders import WIDGET_VIEW
+
 ROOT = Path(__file__).resolve().parents[1]
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-SLIDER_NOTE = ("Sliders: live in JupyterLab once this cell runs (they need a running kernel); "
-               "the figure above shows them at their starting values.")
 TITLE = "Distributed training, taught by running it"
 
 CONF = f'''

@@ -50,11 +50,27 @@ def _commands(text: str) -> list[str]:
     return [ln.split("#")[0].strip() for ln in text.splitlines() if ln.strip().startswith(("pip install", "pytest"))]
 
 
-def test_ci_runs_exactly_the_readme_install_and_test_commands():
+INSTALL = 'pip install "torch==2.13.0" -e ".[test]"'
+CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_ci_runs_the_readme_install_and_test_commands():
     readme = (ROOT / "README.md").read_text()
-    quick = readme.split("## Quick start", 1)[1].split("```", 2)[1]
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]   # the whole section, all its blocks
+    blocks = quick.split("```")[1::2]
     ci = (ROOT / ".ci" / "run").read_text()
-    assert _commands(quick) == _commands(ci) == ['pip install "torch==2.13.0" -e ".[test]"', "pytest"]
+    # The README's first block installs: on CPU-only Linux the CPU build of torch first (after the install line it
+    # would come too late: the CUDA build would already be there), then the course. CI runs the install line only:
+    # its machines have no GPU and reach PyPI alone, which serves them the pinned torch.
+    assert _commands(blocks[0]) == [CPU_TORCH, INSTALL]
+    # `jupyter lab` blocks its terminal, so no command may follow it in the block that starts it.
+    lab = next(b for b in blocks if "jupyter lab" in b)
+    lines = [ln for ln in lab.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert lines[-1].startswith("jupyter lab")
+    # The tests: `pytest` (everything, as CI) and `pytest tests` (the quick one), each with what it costs.
+    tests = next(b for b in blocks if "pytest" in b)
+    assert _commands(tests) == ["pytest tests", "pytest"] and "minutes" in tests and "quick" in tests
+    assert _commands(ci) == [INSTALL, "pytest"]
 
 
 def test_glossary_rows_are_complete_and_unique():
