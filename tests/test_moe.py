@@ -1,6 +1,7 @@
 """Mixture of experts and expert parallelism (notebook 15): routing with a capacity; the expert-parallel forward
 equal to the single-process layer (float64, to the reordering bound of training/tolerance.py) on 4 ranks holding
-20-35 tokens, top-1 and top-2, with and without capacity (the checker's test covers 2 and 3 ranks); the bytes each
+20-35 tokens, top-1 and top-2, with and without capacity, one and two experts per rank (the dispatch checker's test
+covers 2 and 3 ranks); the bytes each
 all-to-all moved equal the formula exactly; the load-balancing loss balancing a router; and the dispatch checker
 rejecting a wrong dispatch with a message that says what is wrong."""
 
@@ -16,7 +17,7 @@ from course_lib.training.moe import MoE, aux_loss, capacity, ep_bytes_formula, e
 from course_lib.training.tolerance import max_diff, sum_atol
 from tests.conftest import notebook_function
 
-CASES = [(1, 1.0), (2, 1.25), (1, None), (2, 1.0)]      # (k, capacity factor)
+CASES = [(1, 1.0, 4), (2, 1.25, 4), (1, None, 4), (2, 1.0, 8)]   # (k, capacity factor, experts): 1 or 2 per rank
 
 
 def _tokens(rank, d=8):
@@ -25,8 +26,8 @@ def _tokens(rank, d=8):
 
 def _ep():
     out = []
-    for k, cf in CASES:
-        layer = MoE(k=k, capacity_factor=cf, n_experts=4)
+    for k, cf, e in CASES:
+        layer = MoE(k=k, capacity_factor=cf, n_experts=e)
         with AllToAllLog() as log:
             y = ep_forward(_tokens(dist.get_rank()), layer)
         out.append((y, log.sent, log.received, [c.to for c in log.calls]))
@@ -58,10 +59,10 @@ def test_routing_serves_first_choices_first_and_drops_over_capacity():
 def test_expert_parallel_forward_equals_the_layer_and_moves_the_formula_bytes():
     for p in (4,):
         res = run(_ep, world_size=p, output="none", timeout=60)
-        for i, (k, cf) in enumerate(CASES):
-            layer = MoE(k=k, capacity_factor=cf, n_experts=4)
+        for i, (k, cf, e) in enumerate(CASES):
+            layer = MoE(k=k, capacity_factor=cf, n_experts=e)
             routings = [layer.route(_tokens(r)) for r in range(p)]
-            formula = ep_bytes_formula(routings, 4, 8, 8)
+            formula = ep_bytes_formula(routings, e, 8, 8)
             for r, v in enumerate(res.values):
                 y, sent, received, calls = v[i]
                 # sums of <= 8 + 16 float64 products of size < 10, in another order
