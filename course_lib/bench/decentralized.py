@@ -18,12 +18,13 @@ import argparse
 import csv
 import datetime
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
 
 from .. import device, run
-from ..collectives import chunk_bounds
+from ..collectives import chunk_bounds, ring_all_reduce
 from ..measure.netem import emulate, link
 from ..measure.traffic import Meter, metered
 from ..training import ps
@@ -164,6 +165,29 @@ def compare(names=MAIN, workers: int = 4, loss_steps: int = 192, repeats: int = 
             for n in {*loss_names, *time_names}:
                 launches[n].append([v[n] for v in vals])
     return [_row(n, workers, launches[n]) for n in names]
+
+
+def _hops(repeats: int) -> list[float]:
+    """Run on every rank: seconds of each of `repeats` ring all-reduces of 4 floats, no link emulated."""
+    torch.set_num_threads(1)
+    x = torch.zeros(4)
+    out = []
+    for _ in range(repeats):
+        dist.barrier()
+        t = time.perf_counter()
+        ring_all_reduce(x)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def message_cost(workers: int = 4, repeats: int = 30) -> dict:
+    """This machine's own cost of one hop of the course's ring (isend/irecv, no link emulated): the median and the
+    fastest seconds per hop over `repeats` all-reduces of 4 floats on `workers` ranks, 2(p-1) hops each, as rank 0
+    saw them (the first 5 left out as warm-up). With more ranks than free cores it is mostly the time a receiving
+    rank waits to be scheduled: a floor under every measured step, whatever link is emulated."""
+    ts = run(_hops, workers, args=(repeats + 5,), output="none", timeout=120).values[0][5:]
+    hops = 2 * (workers - 1)
+    return {"median_s": statistics.median(ts) / hops, "fastest_s": min(ts) / hops}
 
 
 TABLE = DATA_DIR / "decentralized_4workers.csv"

@@ -9,7 +9,7 @@ COLORS = {"ring": "C0", "torus": "C2", "exponential": "C1", "one-peer exponentia
 
 
 def consensus(measured: dict, rhos: dict, gaps: dict | None = None, ps=None, title: str = ""):
-    """Left: consensus distance per gossip round, measured (dots) against the bound rho^(2t) times the start
+    """Left: squared consensus distance per gossip round, measured (dots) against the bound rho^(2t) times the start
     (dashed); right (when gaps is given): spectral gap against the number of ranks, log-log."""
     fig, axes = plt.subplots(1, 2 if gaps else 1, figsize=(10 if gaps else 5.2, 3.4), dpi=100, squeeze=False)
     ax = axes[0][0]
@@ -20,36 +20,44 @@ def consensus(measured: dict, rhos: dict, gaps: dict | None = None, ps=None, tit
         ax.semilogy(rounds, [xs[0] * rhos[topo] ** (2 * t) for t in rounds], "--", color=c, lw=1)
     ax.set_ylim(bottom=max(1e-12, min(min(x for x in xs if x > 0) for xs in measured.values()) / 10))
     ax.set_xlabel("gossip round")
-    ax.set_ylabel("consensus distance (1/p) Σ‖xᵢ − x̄‖²")
-    ax.set_title(title or "replicas agreeing: measured (dots), bound ρ^2t (dashed)", fontsize=9)
+    ax.set_ylabel("Ξ² = (1/p) Σᵢ ‖xᵢ − x̄‖²")
+    ax.set_title(title or r"replicas agreeing: measured (dots), bound $\rho^{2t}\,\Xi_0^2$ (dashed)", fontsize=9)
     ax.legend(fontsize=7)
     if gaps:
         ax = axes[0][1]
         for topo, g in gaps.items():
             ax.loglog(ps, g, "o-", ms=3, color=COLORS.get(topo), label=topo)
-        ax.set_xlabel("ranks p")
-        ax.set_ylabel("spectral gap 1 − ρ")
+        ax.set_xlabel("ranks p (log)")
+        ax.set_xticks(list(ps), [str(p) for p in ps])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel("spectral gap 1 − ρ (log)")
         ax.set_title("spectral gap from the mixing matrix (torch.linalg)", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-def dpsgd(runs: dict, title: str = ""):
-    """Consensus distance (left) and training loss (right) per step of decentralized SGD, one line per topology."""
+def dpsgd(runs: dict, title: str = "", levels: dict | None = None, since: int = 0):
+    """Squared consensus distance (left) and training loss (right) per step of decentralized SGD, one line per
+    topology; `levels` {topology: (value, label)} draws a dashed level from step `since` on."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2), dpi=100)
     for topo, r in runs.items():
         c = COLORS.get(topo)
-        a.semilogy([max(x, 1e-30) for x in r["consensus"]], color=c, label=topo)
+        a.plot(r["consensus"], color=c, label=topo)
+        if levels and topo in levels:
+            value, label = levels[topo]
+            a.plot([since, len(r["consensus"]) - 1], [value, value], "--", color=c, lw=1, label=label)
         b.plot(r["losses"], color=c, label=topo, lw=1)
     a.set_xlabel("step")
-    a.set_ylabel("consensus distance")
+    a.set_ylabel("Ξ² after the step's gossip round")
     a.set_title(title or "how far apart the replicas are after each step", fontsize=9)
+    a.set_ylim(0, 1.4 * max(max(r["consensus"]) for r in runs.values()))    # room for the legend on top
+    a.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    a.legend(fontsize=7, ncol=2, loc="upper left")
     b.set_xlabel("step")
     b.set_ylabel("rank 0's training loss")
     b.set_title("loss on rank 0's batches", fontsize=9)
-    for ax in (a, b):
-        ax.legend(fontsize=7)
+    b.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
