@@ -1,9 +1,10 @@
 """Sending less: top-k sparsification with error feedback, and rank-r PowerSGD (notebook 11).
 
-Top-k with error feedback (Stich, Cordonnier & Jaggi, "Sparsified SGD with Memory", NeurIPS 2018, Algorithm 1):
-each rank adds lr * gradient to its memory, sends only the k largest entries (values and their indices) and keeps
-the rest in memory for later steps, so nothing is lost, only delayed. Sparse vectors cannot be summed chunk-wise
-by a ring all-reduce, so they are all-gathered: (p-1) k (4 + 4) bytes sent per rank, growing with p.
+Top-k with error feedback (Stich, Cordonnier & Jaggi, "Sparsified SGD with Memory", NeurIPS 2018, Algorithm 1, one
+worker's; here every rank keeps its own memory and the ranks average what they send): each rank adds lr * gradient
+to its memory, sends only the k largest entries (values and their indices) and keeps the rest in memory for later
+steps, so nothing is lost, only delayed. Sparse vectors cannot be summed chunk-wise by a ring all-reduce, so they
+are all-gathered: (p-1) k (4 + 4) bytes sent per rank, growing with p.
 PowerSGD (Vogels, Karimireddy & Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
 Optimization", NeurIPS 2019, Algorithms 1-2): each weight matrix's gradient M (n x m, plus the error kept from the
 last step) is replaced by a rank-r approximation from one step of power iteration, P = M Q, all-reduce P,
