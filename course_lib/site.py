@@ -36,8 +36,10 @@ html_theme = "alabaster"
 html_title = project
 html_copy_source = False
 html_show_sourcelink = False
-html_theme_options = {{"page_width": "1440px", "sidebar_width": "250px", "body_max_width": "none",
-                      "fixed_sidebar": True}}       # the notebooks' code lines are up to 120 characters
+# The notebooks' code lines are up to 120 characters: a wide body and a smaller code font fit them. Alabaster turns
+# the sidebar into a header below page_width, so it stays within a 1280-pixel laptop screen.
+html_theme_options = {{"page_width": "1240px", "sidebar_width": "220px", "body_max_width": "none",
+                      "code_font_size": "0.8em", "fixed_sidebar": True}}
 html_sidebars = {{"**": ["about.html", "navigation.html", "searchbox.html"]}}
 exclude_patterns = ["_build"]
 '''
