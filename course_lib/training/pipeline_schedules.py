@@ -4,7 +4,8 @@ GPipe (Huang et al., NeurIPS 2019, section 2.2): every forward, then every backw
 et al., ICML 2021; Megatron-LM, Narayanan et al. SC'21, section 2.2.1): min(p - s - 1, m) warm-up forwards on stage
 s, then one forward and one backward in turn, then the backwards left. `simulate` runs every stage's order on an
 ideal clock (forward 1 slot, backward 2, messages free), so a schedule's bubble and memory can be read off exactly,
-and a deadlock is found without starting a rank.
+and a deadlock is found without starting a rank; given a run's measured action times and message latency it replays
+that run as the schedule alone would have timed it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ SCHEDULES = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
 
 
 def bubble_formula(p: int, m: int) -> Fraction:
-    """Share of a step each stage idles, exactly: (p - 1) / (m + p - 1) (GPipe, section 2.2). Megatron-LM (SC'21,
-    section 2.2.1) writes the same bubble as (p - 1) / m of the ideal, bubble-free time."""
+    """Share of a step each stage idles, exactly, when every forward takes the same time, every backward too, and
+    messages are free: (p - 1) / (m + p - 1) (GPipe, section 2.3). Megatron-LM (SC'21, section 2.2.1) writes the same
+    bubble as (p - 1) / m of the ideal, bubble-free time."""
     return Fraction(p - 1, m + p - 1)
 
 
@@ -49,11 +51,15 @@ def peak_in_flight(order) -> int:
     return peak
 
 
-def simulate(orders: list, fwd: int = 1, bwd: int = 2) -> list[list[tuple[str, int, int, int]]]:
-    """Run every stage's order on an ideal clock (forward `fwd` slots, backward `bwd`, messages free): F i on stage s
-    waits for F i on s-1, B i for B i on s+1. Returns per stage [(kind, i, start, end)]; raises on a deadlock."""
+def simulate(orders: list, fwd=1, bwd=2, message=0, between=0, durations: list | None = None) -> list[list[tuple]]:
+    """Run every stage's order on a clock: F i on stage s waits for F i on s-1, B i for B i on s+1. The ideal clock
+    (the defaults): forward `fwd` slots, backward `bwd`, nothing else costs time. To replay a measured run:
+    `durations[s][k]` the length of stage s's k-th action, `message` the time from a sender finishing to the waiting
+    receiver starting, `between` the time from the step's start or a stage's previous action to its next one when
+    its input is there. Returns per stage
+    [(kind, i, start, end)]; raises on a deadlock."""
     p = len(orders)
-    done: dict[tuple[str, int, int], int] = {}
+    done: dict[tuple[str, int, int], float] = {}
     pos, free, out = [0] * p, [0] * p, [[] for _ in range(p)]
     while any(pos[s] < len(orders[s]) for s in range(p)):
         moved = False
@@ -66,8 +72,10 @@ def simulate(orders: list, fwd: int = 1, bwd: int = 2) -> list[list[tuple[str, i
                 dep = ("F", s, i)              # the last stage's backward starts from its own forward's loss
             if dep is not None and dep not in done:
                 continue
-            start = max(free[s], done.get(dep, 0))
-            end = start + (fwd if kind == "F" else bwd)
+            arrives = 0 if dep is None else done[dep] + (message if dep[1] != s else between)
+            start = max(free[s] + between, arrives)
+            length = durations[s][pos[s]] if durations is not None else (fwd if kind == "F" else bwd)
+            end = start + length
             done[(kind, s, i)] = free[s] = end
             out[s].append((kind, i, start, end))
             pos[s] += 1
@@ -78,8 +86,12 @@ def simulate(orders: list, fwd: int = 1, bwd: int = 2) -> list[list[tuple[str, i
     return out
 
 
-def simulated_bubble(orders: list, fwd: int = 1, bwd: int = 2) -> list[Fraction]:
-    """Each stage's idle share of the ideal clock from simulate(), as an exact fraction."""
-    runs = simulate(orders, fwd, bwd)
+def simulated_bubble(orders: list, fwd=1, bwd=2, message=0, between=0, durations: list | None = None) -> list:
+    """Each stage's idle share of the replayed step (simulate's arguments): an exact Fraction on the ideal clock
+    (whole slots), a float when a measured run is replayed (seconds)."""
+    runs = simulate(orders, fwd, bwd, message, between, durations)
     span = max(e for r in runs for *_, e in r)
-    return [1 - Fraction(sum(e - s for *_, s, e in r), span) for r in runs]
+    busy = [sum(e - s for *_, s, e in r) for r in runs]
+    if all(isinstance(v, int) for v in busy + [span]):
+        return [1 - Fraction(b, span) for b in busy]
+    return [1 - b / span for b in busy]
