@@ -31,6 +31,25 @@ def test_both_schedules_give_the_bubble_formula_and_their_memory_on_the_ideal_cl
                                                                   for s in range(p)], (name, p, m)
 
 
+def test_a_run_replayed_with_its_own_costs_gives_its_wall_clock_bubble():
+    """Timelines made by the clock itself (every action its own length, every hand-off 3 ms): hand_off_costs reads the
+    3 ms back off them, and the replay with those costs gives the timelines' own bubble, which the costs raise above
+    the formula; with no costs the replay is the formula."""
+    for name, order_fn in pl.SCHEDULES.items():
+        p, m = 4, 8
+        orders = [order_fn(s, p, m) for s in range(p)]
+        lengths = [[(0.010 if k == "F" else 0.020) * (1 + 0.1 * s) + 0.001 * i for k, i in o]
+                   for s, o in enumerate(orders)]
+        runs = pl.simulate(orders, message=0.003, between=0.003, durations=lengths)
+        events = [[("compute", k, a, b) for k, _, a, b in r] for r in runs]
+        costs = pl.hand_off_costs(events)
+        assert costs == pytest.approx({"message": 0.003, "between": 0.003}, abs=1e-12), name
+        replayed = pl.replayed_with_costs(events, costs)
+        assert replayed == pytest.approx(pl.measured_bubble(events), abs=1e-12), name
+        assert min(replayed) > float(pl.bubble_formula(p, m)), name
+        assert pl.simulated_bubble(orders) == [pl.bubble_formula(p, m)] * p
+
+
 def test_a_circular_wait_is_reported_as_a_deadlock():
     orders = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]]
     with pytest.raises(RuntimeError, match="deadlocks"):

@@ -6,7 +6,9 @@ DNN Training", ICML 2021), the schedule of Megatron-LM (Narayanan et al., SC'21,
 forwards on stage s, then one forward and one backward in turn, so at most p - s micro-batches are in flight. Both
 give the gradient of the whole batch (gradient accumulation over micro-batches), so training ends with the weights
 of single-process SGD. Compute can be emulated by fixed sleeps (Stage(fwd_s=...)) so that the bubble
-(p - 1) / (m + p - 1) is measurable on a CPU shared by every rank; the real layers still run.
+(p - 1) / (m + p - 1) shows on a CPU shared by every rank; the real layers still run. The recorded order replayed on
+an ideal clock gives the formula exactly; replayed with the run's measured action times and hand-off costs
+(replayed_with_costs) it gives what the wall clock (measured_bubble) should show.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from torch import nn
 
 from ..devices import device
 from ..measure.activations import ActivationMeter
-from ..measure.timeline import Timeline, busy, region
+from ..measure.bubble import (  # noqa: F401  (measurements of a run's bubble; re-exported here)
+    actions,
+    hand_off_costs,
+    measured_bubble,
+    replayed_with_costs,
+)
+from ..measure.timeline import Timeline, region
 from .data import combined_batch, load_digits
 from .model import flat_params
 from .pipeline_schedules import (  # noqa: F401  (the schedules live there; re-exported here)
@@ -56,38 +64,74 @@ def stage_bounds(model: nn.Sequential, p: int) -> list[tuple[int, int]]:
     return [(cuts[s], cuts[s + 1]) for s in range(p)]
 
 
-class Sleep(torch.autograd.Function):
-    """Identity whose forward sleeps fwd_s and backward bwd_s, each labelled in the timeline's compute lane."""
+def _device_done(t: torch.Tensor) -> None:
+    """Wait until the GPU has finished what was queued for `t` (NCCL's recv and kernels return before the data is
+    there; the timeline must show a stage waiting for its input as idle, not as compute). Nothing on a CPU."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
+class _BackwardStart(torch.autograd.Function):
+    """Identity on a stage's output. Its backward runs first in the stage's backward: it opens the timeline's
+    "compute B" region (closed by _BackwardEnd) and sleeps the emulated backward time."""
 
     @staticmethod
-    def forward(ctx, x, fwd_s, bwd_s):
-        ctx.bwd_s = bwd_s
-        with region("compute", "F"):
-            time.sleep(fwd_s)
+    def forward(ctx, out, stage):
+        ctx.stage = stage
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _device_done(grad)
+        rf = region("compute", "B")
+        rf.__enter__()
+        ctx.stage._open_regions.append(rf)
+        time.sleep(2 * ctx.stage.fwd_s)
+        return grad, None
+
+
+class _BackwardEnd(torch.autograd.Function):
+    """Identity on a stage's input. Its backward runs last in the stage's backward (after every layer's): it closes
+    the "compute B" region. `anchor` (a scalar that requires grad) keeps it in the graph on the first stage, whose
+    input needs no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, anchor, stage):
+        ctx.stage, ctx.x_needs_grad = stage, x.requires_grad
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        with region("compute", "B"):
-            time.sleep(ctx.bwd_s)
-        return grad, None, None
+        _device_done(grad)
+        if ctx.stage._open_regions:
+            ctx.stage._open_regions.pop().__exit__(None, None, None)
+        return (grad if ctx.x_needs_grad else None), None, None
 
 
 class Stage(nn.Module):
     """One stage's layers; `fwd_s` > 0 adds a fixed compute time (backward twice as long, as for a matrix multiply:
-    two products per one of forward); `meter` counts the activations the layers keep for backward."""
+    two products per one of forward); `meter` counts the activations the layers keep for backward. The timeline's
+    compute regions cover the stage's whole forward (its layers and the emulated time) and its whole backward, so
+    what lies outside them is waiting, messages and the Python between actions."""
 
     def __init__(self, layers: nn.Sequential, fwd_s: float = 0.0, meter: ActivationMeter | None = None):
         super().__init__()
         self.layers, self.fwd_s, self.meter = layers, fwd_s, meter
+        self._open_regions: list = []
 
     def forward(self, x):
-        if self.meter is not None:
-            with self.meter:
+        _device_done(x)
+        anchor = None if x.requires_grad else torch.zeros((), device=x.device, requires_grad=True)
+        x = _BackwardEnd.apply(x, anchor, self)
+        with region("compute", "F"):
+            if self.meter is not None:
+                with self.meter:
+                    out = self.layers(x)
+            else:
                 out = self.layers(x)
-        else:
-            out = self.layers(x)
-        return Sleep.apply(out, self.fwd_s, 2 * self.fwd_s) if self.fwd_s else out
+            time.sleep(self.fwd_s)
+            _device_done(out)
+        return _BackwardStart.apply(out, self)
 
 
 def make_stage(p: int, rank: int, layers: int = 8, hidden: int = 256, fwd_s: float = 0.0, meter=None) -> Stage:
@@ -195,25 +239,6 @@ def pipeline_train(schedule: str = "1f1b", **kwargs) -> dict:
                                                        xs, ys, m), **kwargs)
 
 
-def actions(events) -> list[tuple[str, int, float, float]]:
-    """A rank's Timeline events as its schedule: [(kind, micro-batch, start, end)] for each F and B region, numbered
-    in the order they ran (both schedules run the forwards in order 0..m-1, and the backwards too)."""
-    seen = {"F": 0, "B": 0}
-    out = []
-    for lane, name, start, end in events:
-        if lane == "compute" and name in seen:
-            out.append((name, seen[name], start, end))
-            seen[name] += 1
-    return out
-
-
-def measured_bubble(per_rank: list) -> list[float]:
-    """Each rank's idle share of the step from its Timeline events: 1 - (its time in the compute lane) / (the step,
-    from the common barrier to the end of the last compute on any rank)."""
-    span = max(e for events in per_rank for lane, _, _, e in events if lane == "compute")
-    return [1 - busy(events, "compute") / span for events in per_rank]
-
-
 def train_reference(steps: int = 3, batch: int = 32, lr: float = 0.1, layers: int = 8, hidden: int = 256):
     """Single-process SGD on the whole batch of each step: the weights every pipeline run must end with."""
     model, data = make_deep_mlp(layers, hidden), load_digits()
@@ -233,32 +258,3 @@ def train_reference(steps: int = 3, batch: int = 32, lr: float = 0.1, layers: in
 def stage_params(model: nn.Sequential, p: int) -> list[torch.Tensor]:
     """The single-process model's parameters cut as the p stages hold them (flat, one tensor per stage)."""
     return [flat_params(nn.Sequential(*list(model)[a:b])) for a, b in stage_bounds(model, p)]
-
-
-def wall_clock_allowance(per_rank: list, latency: float, fwd_s: float) -> float:
-    """How far the wall-clock bubble may exceed the formula from what the ideal clock leaves out: each of the
-    2(m+p-1) hand-offs on the critical path adds one message (`latency`, from hand_off_latency) and the mean time a
-    compute region ran past its sleep, to a slot of fwd_s + 2 fwd_s; relative to the step that is
-    2 (latency + overshoot) / (3 fwd_s). Left out: the real layers and Python between the regions, and time spent
-    waiting for a core, which a machine with fewer cores than ranks adds on top."""
-    over = [e - s - (fwd_s if n == "F" else 2 * fwd_s) for events in per_rank for lane, n, s, e in events
-            if lane == "compute"]
-    return 2 * (latency + sum(over) / len(over)) / (3 * fwd_s)
-
-
-def hand_off_latency(rounds: int = 20) -> float:
-    """Mean one-way time of a small message between neighbouring stages, by ping-pong (every rank takes part)."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    t = torch.zeros(256, device=device())
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(rounds):
-        for a in range(p - 1):                  # a -> a+1 -> a, along the pipeline
-            if rank == a:
-                dist.send(t, a + 1)
-                dist.recv(t, a + 1)
-            elif rank == a + 1:
-                dist.recv(t, a)
-                dist.send(t, a)
-    dist.barrier()
-    return (time.perf_counter() - start) / (rounds * 2 * (p - 1))
