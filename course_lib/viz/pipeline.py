@@ -47,19 +47,29 @@ def plot_schedule(per_stage: list, title: str = "", unit: str = "ms", waits: lis
 
 def plot_bubble(rows: list, title: str = ""):
     """Bubble fraction against micro-batches m: the formula (p-1)/(m+p-1) as lines, each row of `rows`
-    ({"p", "schedule", "m", "measured"}) a marker (circle GPipe, cross 1F1B)."""
+    ({"p", "schedule", "m", "measured"}, optionally "replayed") a marker (circle GPipe, cross 1F1B, each a little
+    to one side of its m) and, when given, a short bar at the bubble its order gives replayed with the run's
+    measured costs."""
     fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=100)
     ps = sorted({r["p"] for r in rows})
     ms = sorted({r["m"] for r in rows})
     grid = [x / 4 for x in range(4, 4 * max(ms) + 1)]
+    shift = {"gpipe": 1 / 1.06, "1f1b": 1.06}
     for k, p in enumerate(ps):
         color = f"C{k}"
         ax.plot(grid, [(p - 1) / (x + p - 1) for x in grid], color=color, lw=1.2, label=f"(p-1)/(m+p-1), p = {p}")
         for sched, marker in (("gpipe", "o"), ("1f1b", "x")):
-            pts = [(r["m"], r["measured"]) for r in rows if r["p"] == p and r["schedule"] == sched]
-            if pts:
-                ax.plot(*zip(*pts), marker, color=color, ms=7, mfc="none" if marker == "o" else color,
-                        label=f"measured, p = {p}, {'GPipe' if sched == 'gpipe' else '1F1B'}")
+            mine = [r for r in rows if r["p"] == p and r["schedule"] == sched]
+            if not mine:
+                continue
+            xs = [r["m"] * shift[sched] for r in mine]
+            ax.plot(xs, [r["measured"] for r in mine], marker, color=color, ms=7,
+                    mfc="none" if marker == "o" else color,
+                    label=f"wall clock, p = {p}, {'GPipe' if sched == 'gpipe' else '1F1B'}")
+            if all("replayed" in r for r in mine):
+                ax.plot(xs, [r["replayed"] for r in mine], "_", color=color, ms=13, mew=2)
+    if any("replayed" in r for r in rows):
+        ax.plot([], [], "_", color="0.3", ms=13, mew=2, label="recorded order + measured hand-off costs")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ms, [str(m) for m in ms])
     ax.set_xlabel("micro-batches per step, m")
@@ -92,21 +102,19 @@ def plot_in_flight(measured: dict, formula: dict, unit: float = 1e3, title: str 
 
 def plot_gradient_range(values, formats: dict, scale: float, title: str = ""):
     """Histogram of log2 |gradient| (non-zero entries) and the same shifted by log2(scale), with each format's
-    smallest subnormal and smallest normal as vertical lines (Micikevicius et al. 2018, figure 3)."""
+    smallest subnormal, smallest normal and largest value as vertical lines named in the legend (Micikevicius et al.
+    2018, figure 3)."""
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
     logs = values[values != 0].abs().log2()
     bins = [x / 2 for x in range(-80, 40)]
     ax.hist(logs.tolist(), bins=bins, color="C0", alpha=0.7, label="activation gradients (fp32 run)")
     shift = math.log2(scale)
     ax.hist((logs + shift).tolist(), bins=bins, color="C2", alpha=0.5, label=f"x {scale:g} (loss scaled)")
-    for name, f in formats.items():
-        for key, ls in (("min_subnormal", ":"), ("min_normal", "--")):
-            ax.axvline(math.log2(f[key]), color="C3", ls=ls, lw=1)
-            ax.text(math.log2(f[key]), ax.get_ylim()[1] * 0.95, f" {name} {key.replace('_', ' ')}", rotation=90,
-                    va="top", fontsize=7, color="C3")
-        ax.axvline(math.log2(f["max"]), color="C3", lw=1)
-        ax.text(math.log2(f["max"]), ax.get_ylim()[1] * 0.95, f" {name} max", rotation=90, va="top", fontsize=7,
-                color="C3")
+    for k, (name, f) in enumerate(formats.items()):
+        for key, ls, what in (("min_subnormal", ":", "smallest subnormal"), ("min_normal", "--", "smallest normal"),
+                              ("max", "-", "largest")):
+            ax.axvline(math.log2(f[key]), color=f"C{3 + k}", ls=ls, lw=1.2,
+                       label=f"{name} {what}, {f[key]:.3g}")
     ax.set_xlabel("log2 |value|")
     ax.set_ylabel("entries")
     ax.legend(fontsize=7, loc="upper left")
