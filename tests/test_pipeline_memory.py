@@ -9,7 +9,7 @@ from course_lib import hardware
 from course_lib.measure.activations import (
     ActivationMeter,
     TransformerLayer,
-    cpu_extras,
+    beyond_formula,
     mlp_activation_formula,
     saved_by_layer,
     transformer_formula,
@@ -44,7 +44,7 @@ def test_transformer_layer_keeps_the_papers_bytes_plus_what_this_build_adds(s, b
         out = layer(torch.randn(s, b, h, dtype=torch.bfloat16, requires_grad=True))   # noqa: F841 (keeps the graph)
     want = transformer_formula(s, b, h, a)
     assert want["total"] == s * b * h * (34 + 5 * a * s / h)
-    assert meter.live == want["total"] + cpu_extras(s, b, h, a, torch.bfloat16)["total"]
+    assert meter.live == want["total"] + beyond_formula(s, b, h, a, torch.bfloat16)["total"]
 
 
 def test_checkpointing_keeps_only_each_layers_input():
@@ -88,13 +88,51 @@ def test_calculator_activation_formulas_match_korthikanti_table_2():
     assert pp.activation_bytes_per_layer(m, full) == 2 * s * b * h
 
 
+def test_calculator_flops_are_narayanan_equation_3_for_gpt_with_full_recomputation():
+    gpt3 = pp.Transformer("GPT-3", 96, 12288, 96, 2048, 51200)
+    B, s, L, h, V = 1536, 2048, 96, 12288, 51200
+    eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))     # Narayanan et al. SC'21, eq. (3)
+    assert pp.flops_per_step(gpt3, B, "full") == pytest.approx(eq3, rel=1e-12)
+    # without recomputation the layers run forward once less; the logits (2BshV forward) never run twice
+    layers_forward = 24 * B * s * L * h * h + 4 * B * s * s * h * L
+    assert pp.flops_per_step(gpt3, B, "none") == pytest.approx(eq3 - layers_forward, rel=1e-12)
+
+
+def test_a_llama_layer_counted_like_korthikanti_and_its_swiglu_mlp_measured():
+    """Llama 3 405B's layer (table 3: SwiGLU of width 53,248, 8 key/value heads of 128, no dropout) in the paper's
+    count: 8sbh kept whole under tensor parallelism, 30.25sbh split, 2as²b of scores; its SwiGLU MLP as torch keeps it
+    (bf16: the input once, then gate, up, SiLU output and product, 2 bytes each) measured exactly."""
+    llama = pp.Transformer("Llama 3 405B", 126, 16384, 128, 8192, 128000, 405e9, ffn=53248, kv_heads=8, gated=True,
+                           dropout=False)
+    assert pp.layer_activation_terms(llama) == {"replicated": 8, "split": 30.25, "scores": 2}
+    gpt = pp.Transformer("GPT", 96, 12288, 96, 2048, 51200)
+    assert pp.layer_activation_terms(gpt) == {"replicated": 10, "split": 24, "scores": 5}
+    s, b, h, f = 16, 2, 32, 88
+    torch.manual_seed(0)
+    gate, up, down = (torch.nn.Linear(*d, bias=False).to(torch.bfloat16) for d in ((h, f), (h, f), (f, h)))
+    x = torch.randn(s, b, h, dtype=torch.bfloat16, requires_grad=True)
+    with ActivationMeter() as meter:
+        out = down(torch.nn.functional.silu(gate(x)) * up(x))      # noqa: F841 (keeps the graph)
+    assert meter.live == s * b * (2 * h + 4 * 2 * f)
+    lay = pp.Layout(8, 16, 64, 1, 2048, zero=3, recompute="selective")
+    assert pp.activation_bytes_per_layer(llama, lay) == pytest.approx(8192 * 16384 * 38.25 / 8)
+
+
+def test_the_first_stage_holds_min_p_m_microbatches_of_its_layers():
+    m = pp.Transformer("x", 24, 1024, 16, 512, 1000)
+    one = pp.activation_bytes_per_layer(m, pp.Layout(1, 4, 1, 1, 8))
+    assert pp.activation_bytes(m, pp.Layout(1, 4, 1, 1, 8)) == pytest.approx(4 * 6 * one)       # p = 4 in flight
+    assert pp.activation_bytes(m, pp.Layout(1, 4, 1, 1, 2)) == pytest.approx(2 * 6 * one)       # m = 2 < p
+    assert pp.activation_bytes(m, pp.Layout(1, 4, 1, 1, 8, first_stage_layers=5)) == pytest.approx(4 * 5 * one)
+
+
 def test_calculator_on_bloom():
     runs = {r["name"]: r for r in hardware.training_runs()}
     r = runs["BLOOM-176B"]
     row = next(x for x in hardware.load_table("parallel_layouts") if x["model"] == "BLOOM-176B")
     bloom = pp.Transformer("BLOOM-176B", r["layers"], r["hidden"], r["heads"], row["seq_len"], 250880, r["params"])
     cl = pp.Cluster(hardware.row("accelerators", "A100 80GB SXM"), hardware.row("links", "NVLink 3 (A100)"),
-                    hardware.row("links", "InfiniBand HDR"))
+                    hardware.row("links", "Omni-Path 100"), gpus_per_inter_link=2)   # 4 links for 8 GPUs per node
     lay = pp.Layout(row["tp"], row["pp"], row["dp"], row["micro_batch"], row["global_batch"], row["zero_stage"],
                     "full", False)
     assert lay.gpus == r["gpus"] and pp.plan(bloom, lay, cl)["fits"]

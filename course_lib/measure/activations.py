@@ -167,14 +167,17 @@ class TransformerLayer(nn.Module):
         return x + self.drop(self.fc2(nn.functional.gelu(self.fc1(self.ln2(x)))))
 
 
-def cpu_extras(s: int, b: int, h: int, a: int, dtype: torch.dtype) -> dict:
-    """What this torch build keeps beyond the paper's count for a TransformerLayer, probed on tiny inputs: dropout
-    masks at `mask_bytes` per element instead of 1 (three masks: a·s²·b + 2·s·b·h elements), and each LayerNorm's
-    mean and 1/std (s·b values each, two LayerNorms)."""
+def beyond_formula(s: int, b: int, h: int, a: int, dtype: torch.dtype, device="cpu") -> dict:
+    """What a TransformerLayer keeps beyond the paper's count, probed with this torch build on tiny inputs on
+    `device`: each LayerNorm's mean and 1/std (s·b values each, two LayerNorms; the paper leaves them out as small,
+    section 4: 2sb against sbh), and the dropout masks at `mask_bytes` per element where the paper counts 1 (three
+    masks: a·s²·b + 2·s·b·h elements). On a CPU torch runs dropout as input x noise and keeps the noise, a tensor of
+    the activation's dtype (2 bytes in bf16); CUDA's fused native_dropout keeps a 1-byte bool mask."""
     with ActivationMeter() as meter:          # the outputs stay alive (assigned) so their graphs keep what they saved
-        kept = nn.functional.dropout(torch.ones(64, dtype=dtype, requires_grad=True), 0.5, training=True)
+        kept = nn.functional.dropout(torch.ones(64, dtype=dtype, device=device, requires_grad=True), 0.5,
+                                     training=True)
         mask_bytes = meter.live // 64
-    x = torch.ones(4, 8, dtype=dtype, requires_grad=True)
+    x = torch.ones(4, 8, dtype=dtype, device=device, requires_grad=True)
     with ActivationMeter() as meter:
         kept = nn.functional.layer_norm(x, (8,))
         stats_per_row = (meter.live - x.untyped_storage().nbytes()) // 4
