@@ -218,6 +218,8 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14.3 (loss sca
                         f"good_steps = {got[2]}; expected scale = {want[1]:g}, good_steps = {want[2]} (growth_interval "
                         f"{growth}).\nHint: {hint}")
                 diff = max((a - b).abs().max().item() for a, b in zip(got[4], want[3]))
+                # 1e-6: updates of about lr x 1 = 0.1 on weights below 1, in float32 (u = 6e-8): lr, grad and 1/scale
+                # multiplied in another order differ by a few roundings, ~1e-8; a wrong scale or a missed skip, >= 1e-2
                 if diff > 1e-6:
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: weights differ from the reference by "

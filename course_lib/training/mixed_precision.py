@@ -1,8 +1,8 @@
 """Mixed precision: 16-bit compute, fp32 master weights, loss scaling, and the bytes each keeps (notebook 14).
 
 Micikevicius et al., "Mixed Precision Training", ICLR 2018: compute in fp16, keep an fp32 master copy of the weights
-for the update, and scale the loss so that small gradients do not flush to zero in fp16 (section 3). ZeRO
-(Rajbhandari et al., SC'20, section 3.1) counts the state with Adam: 2 (fp16 weights) + 2 (fp16 gradients) + 12
+for the update (section 3.1), and scale the loss so that small gradients do not flush to zero in fp16 (section 3.2).
+ZeRO (Rajbhandari et al., SC'20, section 3.1) counts the state with Adam: 2 (fp16 weights) + 2 (fp16 gradients) + 12
 (fp32 master weights, momentum, variance) = 16 bytes per parameter. Dynamic loss scaling follows the rules of
 torch.amp.GradScaler: an inf or NaN gradient skips the step and multiplies the scale by 0.5; after
 `growth_interval` finite steps in a row the scale doubles.
