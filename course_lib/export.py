@@ -194,12 +194,11 @@ def _assemble(what, stem, n, imports, constants, helpers, body) -> str:
     return text + SETUP.format(out=f"{stem}-results", body=body)
 
 
-def export(fn, path, args=(), kwargs=None, world_size: int = 4) -> Path:
+def export(fn, path, args=(), kwargs=None, world_size: int = 4) -> None:
     """Write the torchrun script of fn (see script_for) to `path` and print how to run it."""
     path = Path(path)
     path.write_text(script_for(fn, args, kwargs, world_size), encoding="utf-8")
     print(f"wrote {path}: run it with  torchrun --standalone --nproc-per-node={world_size} {path}")
-    return path
 
 
 def _ranks_of(line: str):
@@ -230,7 +229,9 @@ def _showing_last_value(source: str) -> str:
     last = tree.body[-1]
     lines = source.splitlines()
     expr = "\n".join(lines[last.lineno - 1: last.end_lineno])
-    shown = f"_ = (\n{textwrap.indent(expr, '    ')}\n)\nif _ is not None:\n    print(f\"[rank {{rank}}] {{_!r}}\")"
+    # One write per line (end="" with the newline inside): the workers of a node share torchrun's stdout.
+    shown = (f"_ = (\n{textwrap.indent(expr, '    ')}\n)\nif _ is not None:\n"
+             f"    print(f\"[rank {{rank}}] {{_!r}}\\n\", end=\"\", flush=True)")
     return "\n".join(lines[: last.lineno - 1] + [shown] + lines[last.end_lineno:])
 
 
@@ -251,7 +252,7 @@ def ranks_script(cells: list[tuple[str, list[int] | None]], world_size: int = 4,
     return _assemble(f"{len(cells)} %%ranks cells", stem, world_size, [], [], ["\n".join(code) + "\n"], body)
 
 
-def export_ranks(path, world_size: int = 4, history: list[str] | None = None) -> Path:
+def export_ranks(path, world_size: int = 4, history: list[str] | None = None) -> None:
     """Write the %%ranks cells of this kernel (since the last %ranks start) as a torchrun script to `path`."""
     if history is None:
         from IPython import get_ipython
@@ -266,4 +267,3 @@ def export_ranks(path, world_size: int = 4, history: list[str] | None = None) ->
     path = Path(path)
     path.write_text(ranks_script(cells, world_size, path.stem), encoding="utf-8")
     print(f"wrote {path} ({len(cells)} cells): run it with  torchrun --standalone --nproc-per-node={world_size} {path}")
-    return path

@@ -53,7 +53,8 @@ def _torchrun(script: Path, cwd: Path, nproc: int = 2) -> subprocess.CompletedPr
 
 def test_notebook_09s_manual_data_parallel_runs_under_torchrun_with_single_process_weights(shell, tmp_path):
     manual_dp = _define_from_notebook(shell, NB09, "manual_dp")
-    script = export.export(manual_dp, tmp_path / "manual_dp.py", args=(5,), world_size=2)
+    script = tmp_path / "manual_dp.py"
+    export.export(manual_dp, script, args=(5,), world_size=2)
     text = script.read_text()
     # The script carries the function as written in the notebook and imports what it used from the course.
     assert "def manual_dp(steps, lr=0.1, batch=32):" in text and "dist.all_reduce(p.grad)" in text
@@ -79,7 +80,8 @@ def test_ranks_cells_export_as_one_script_that_keeps_each_ranks_namespace(tmp_pa
                "%%ranks\ndist.all_reduce(t)\nt.sum().item()"]
     cells = export.ranks_cells(history)
     assert [r for _, r in cells] == [None, [0], None] and "stale" not in str(cells)
-    script = export.export_ranks(tmp_path / "cells.py", world_size=2, history=history)
+    script = tmp_path / "cells.py"
+    export.export_ranks(script, world_size=2, history=history)
     done = _torchrun(script, tmp_path)
     # rank 0 holds 10s, rank 1 holds 2s: the all-reduce gives 12 in each of 3 entries, on both ranks
     assert "[rank 0] 36.0" in done.stdout and "[rank 1] 36.0" in done.stdout, done.stdout
