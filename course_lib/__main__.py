@@ -11,6 +11,7 @@ PASSTHROUGH = {
     ("bench", "interactive"): ("course_lib.bench.interactive", "persistent ranks: group start and cell round trip"),
     ("student",): ("course_lib.student", "build student copies of the notebooks (solutions removed)"),
     ("grade",): ("course_lib.grade", "grade submitted notebooks with the exercise checkers (CSV + summary)"),
+    ("site",): ("course_lib.site", "the course as a static website in _site/ (Sphinx + myst-nb, nothing executed)"),
 }
 
 

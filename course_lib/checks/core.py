@@ -56,11 +56,9 @@ def with_hint(text: str, hint: str) -> str:
     return text + (f"\nHint: {hint}" if hint else "")
 
 
-def passed(exercise: str, what: str) -> str:
-    """The one pass line every checker prints."""
-    line = f"✓ {exercise} passed: {what}"
-    print(line)
-    return line
+def passed(exercise: str, what: str) -> None:
+    """The one pass line every checker prints (returns None: a returned string would show again as the cell's value)."""
+    print(f"✓ {exercise} passed: {what}")
 
 
 def explain(exercise: str, exc: RankFailed, what: str, hint: str) -> Exception:

@@ -5,7 +5,8 @@
 - comm_log: every collective a rank runs (ours, FSDP2's, DTensor's) with its bytes; collective_calls: every dist.*
   collective call, also from hooks on gloo's threads (11); alltoall_log: what each all-to-all sends to and receives
   from every peer (15).
-- timeline: labelled regions from torch.profiler as per-rank lanes.
+- timeline: labelled regions from torch.profiler as per-rank lanes; bubble: a pipeline's idle share read off the
+  ranks' recorded timelines and replayed (14).
 - memory: bytes a rank holds by category, and the ZeRO paper's formulas; activations: bytes autograd saves for
   backward, per layer (14); peak_memory: the most memory a call's tensors held at once (15).
 
