@@ -63,6 +63,6 @@ def test_mesh_groups_checker_rejects_column_major(capsys):
         return ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist()
 
     check_mesh_groups(right)
-    assert "PASS Exercise 15.1" in capsys.readouterr().out
+    assert "✓ Exercise 15.1" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="init_device_mesh on 4 real ranks built"):
         check_mesh_groups(column_major)

@@ -107,7 +107,7 @@ def dispatch(x, expert, n_experts):
 def test_dispatch_checker_passes_the_right_answer_and_names_what_is_wrong(capsys):
     g = {"torch": torch, "dist": dist}
     check_dispatch(notebook_function(RIGHT, "dispatch", **g))
-    assert "PASS Exercise 15.2" in capsys.readouterr().out
+    assert "✓ Exercise 15.2" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="received rows"):
         check_dispatch(notebook_function(UNSORTED, "dispatch", **g))
     with pytest.raises(ExerciseFailed, match="all_gather is switched off"):

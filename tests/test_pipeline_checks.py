@@ -24,7 +24,7 @@ def _closed_form(p, target):          # off by one where (p-1)(1-t)/t lands just
 
 def test_14_1_passes_the_bubble_and_rejects_a_float_closed_form(capsys):
     check_min_microbatches(_loop)
-    assert "PASS Exercise 14.1" in capsys.readouterr().out
+    assert "✓ Exercise 14.1" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match=r"p=4 stages, target bubble 0.2: you returned m=13, expected 12"):
         check_min_microbatches(_closed_form)
 

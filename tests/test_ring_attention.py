@@ -164,7 +164,7 @@ def ring(q, k, v):
 def test_ring_checker_passes_the_right_answer_and_names_what_is_wrong(capsys):
     g = {"torch": torch, "dist": dist, "math": math, "positions": positions}
     check_causal_ring_attention(notebook_function(GOOD, "ring", **g))
-    assert "PASS Exercise 15.3" in capsys.readouterr().out
+    assert "✓ Exercise 15.3" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="NaN or inf"):
         check_causal_ring_attention(notebook_function(NO_MAX, "ring", **g))
     with pytest.raises(ExerciseFailed, match="off by up to"):

@@ -13,7 +13,7 @@ import torch
 
 from ..launch import run
 from ..results import RankFailed
-from .core import ExerciseFailed
+from .core import ExerciseFailed, passed
 
 # ------------------------------------------------------------------ shared
 
@@ -95,9 +95,9 @@ def check_mesh_groups(mesh_groups, exercise: str = "Exercise 15.1 (mesh groups)"
     for shape in PAPER_MESHES:
         for dim in range(len(shape)):
             compare(shape, dim, _normal(reference(shape, dim)), "the groups are")
-    print(f"PASS {exercise}: every dimension's groups equal init_device_mesh's on 4 and 6 ranks "
-          f"({', '.join(str(s) for _, ss in REAL_MESHES for s in ss)}) and the layout rule for "
-          f"{', '.join(str(s) for s in PAPER_MESHES)}")
+    passed(exercise, f"every dimension's groups equal init_device_mesh's on 4 and 6 ranks "
+                     f"({', '.join(str(s) for _, ss in REAL_MESHES for s in ss)}) and the layout rule for "
+                     f"{', '.join(str(s) for s in PAPER_MESHES)}")
 
 
 # ------------------------------------------------------------------ 15.2 expert-parallel dispatch
@@ -184,8 +184,8 @@ def check_dispatch(dispatch, exercise: str = "Exercise 15.2 (expert-parallel dis
             if not torch.equal(torch.as_tensor(counts).cpu().reshape(world, -1).long(), want_counts):
                 raise ExerciseFailed(f"{exercise}: {case}: counts {torch.as_tensor(counts).tolist()}; expected "
                                      f"{want_counts.tolist()} (row j: what rank j sent to each of my experts).")
-    print(f"PASS {exercise}: every rank received exactly its experts' rows, in order, on 2 and 3 ranks, with two "
-          f"all_to_all_single and the right split sizes (empty splits included)")
+    passed(exercise, "every rank received exactly its experts' rows, in order, on 2 and 3 ranks, with two "
+                     "all_to_all_single and the right split sizes (empty splits included)")
 
 
 # ------------------------------------------------------------------ 15.3 causal ring attention, zig-zag layout
@@ -276,6 +276,6 @@ def check_causal_ring_attention(ring_attention_zigzag,
                                          f"more than one {c} x {c} block of scores or one K/V pair (2 x {c} x {d}). "
                                          f"Ring attention never holds a whole row of scores or every rank's keys: "
                                          f"fold each block into (o, m, den) as it arrives.\nHint: {hint}")
-    print(f"PASS {exercise}: causal attention of every zig-zag chunk equals full attention on 2 and 3 ranks, with "
-          f"scores up to ~1000, K/V sent only to the next rank, p-1 times, no collective, and no tensor larger "
-          f"than one block of scores")
+    passed(exercise, "causal attention of every zig-zag chunk equals full attention on 2 and 3 ranks, with "
+                     "scores up to ~1000, K/V sent only to the next rank, p-1 times, no collective, and no tensor "
+                     "larger than one block of scores")

@@ -18,7 +18,7 @@ from ..results import RankFailed
 from ..training import pipeline as pl
 from ..training.data import load_digits
 from ..training.mixed_precision import LossScaler
-from .core import ExerciseFailed
+from .core import ExerciseFailed, passed
 
 PIPE = "course_lib.training.pipeline"
 
@@ -62,7 +62,7 @@ def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (mic
                 f"{exercise}: p={p} stages, target bubble {t}: you returned m={got}, expected {want}.\n"
                 f"  bubble (p-1)/(m+p-1) at {shown} (the schedule with m={want}, replayed on an ideal clock, idles "
                 f"{float(replay):.4f}).\nHint: {hint}")
-    print(f"PASS {exercise}: the smallest m for {len(cases)} (p, target) pairs, p = 1..12, targets 0.9 down to 0.01")
+    passed(exercise, f"the smallest m for {len(cases)} (p, target) pairs, p = 1..12, targets 0.9 down to 0.01")
 
 
 # ---------------------------------------------------------------------------------------------- 14.2
@@ -130,8 +130,8 @@ def check_one_f_one_b(one_f_one_b_order, exercise: str = "Exercise 14.2 (the 1F1
             if peak != min(p - s, 8) * per_mb:
                 raise ExerciseFailed(f"{exercise}: {p} ranks: stage {s} kept {peak} bytes of activations at its "
                                      f"peak, {peak / per_mb:g} micro-batches' worth; 1F1B keeps {min(p - s, 8)}.")
-    print(f"PASS {exercise}: no deadlock, bubble (p-1)/(m+p-1) and at most min(p - stage, m) micro-batches in flight "
-          f"for p = 2..5, m = 1..9; on 2 and 4 real ranks the weights equal single-process SGD")
+    passed(exercise, "no deadlock, bubble (p-1)/(m+p-1) and at most min(p - stage, m) micro-batches in flight "
+                     "for p = 2..5, m = 1..9; on 2 and 4 real ranks the weights equal single-process SGD")
 
 
 # ---------------------------------------------------------------------------------------------- 14.3
@@ -229,5 +229,5 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14.3 (loss sca
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: your step ran {got[3] or 'no '} "
                         f"collectives; it needs exactly one all_reduce (of the found-inf flag).\nHint: {hint}")
-    print(f"PASS {exercise}: 2 and 3 stages, {STEPS} steps with overflows on one stage: every stage skips together, "
-          f"scale and weights follow GradScaler's rules, one all_reduce per step")
+    passed(exercise, f"2 and 3 stages, {STEPS} steps with overflows on one stage: every stage skips together, "
+                     f"scale and weights follow GradScaler's rules, one all_reduce per step")
