@@ -149,3 +149,89 @@ def test_two_torchrun_nodes_on_this_machine_use_their_own_gpus_or_gloo():
         assert text.count("backend nccl") == 2 and "device cuda:0" in text and "device cuda:1" in text
     else:
         assert text.count("backend gloo") == 2
+
+
+def _pipeline_on_gpus(data):
+    from course_lib.training import pipeline as pl
+
+    return {name: pl.pipeline_train(name, steps=3, m=4, data=data) for name in pl.SCHEDULES}
+
+
+@pytest.mark.skipif(GPUS < 2, reason="a pipeline needs two GPUs, one stage each")
+def test_pipeline_schedules_on_nccl_equal_single_process_sgd():
+    from course_lib.training import pipeline as pl
+    from course_lib.training.data import load_digits
+    from course_lib.training.tolerance import max_diff, sgd_atol
+
+    want = pl.stage_params(pl.train_reference(3)[0], N)
+    vals = run(_pipeline_on_gpus, N, args=(load_digits(),), backend="nccl", timeout=300, output="none").values
+    for s, v in enumerate(vals):
+        for name, r in v.items():
+            # float32 sums in another order (micro-batches, another device's kernels): training.tolerance
+            assert max_diff(r["params"], want[s]) <= sgd_atol(3, 0.1, 32, 256), f"{name} stage {s} on cuda:{s}"
+
+
+def _tokens(rank, d=8):
+    return torch.randn(20 + 5 * rank, d, generator=torch.Generator().manual_seed(50 + rank), dtype=torch.float64)
+
+
+def _moe_on_gpus(experts):
+    import torch.distributed as dist
+
+    from course_lib.training.moe import MoE, ep_forward
+
+    layer = MoE(k=2, capacity_factor=1.25, n_experts=experts).to(device())
+    return ep_forward(_tokens(dist.get_rank()).to(device()), layer)
+
+
+def test_expert_parallel_all_to_all_on_nccl_equals_the_layer():
+    from course_lib.training.moe import MoE
+    from course_lib.training.tolerance import max_diff, sum_atol
+
+    experts = 2 * N
+    layer = MoE(k=2, capacity_factor=1.25, n_experts=experts)
+    res = run(_moe_on_gpus, N, args=(experts,), backend="nccl", timeout=120, output="none")
+    for r, y in enumerate(res.values):
+        # float64 sums of <= 8 + 16 products of size < 10, in another order on another device
+        assert max_diff(y, layer(_tokens(r))) < sum_atol(24, 240.0, torch.float64), f"rank {r} on cuda:{r}"
+
+
+def _qkv(s=24, d=4):
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(s, d, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def _ring_on_gpus(causal, layout):
+    import torch.distributed as dist
+
+    from course_lib.training.ring_attention import positions, ring_attention
+
+    rows = positions(dist.get_rank(), dist.get_world_size(), 24, layout)
+    q, k, v = (t[rows].to(device()) for t in _qkv())
+    return ring_attention(q, k, v, causal, layout, True)
+
+
+@pytest.mark.skipif(GPUS < 2, reason="a ring needs two GPUs")
+@pytest.mark.parametrize("causal, layout", [(False, "contiguous"), (True, "zigzag")])
+def test_ring_attention_on_nccl_equals_full_attention(causal, layout):
+    from course_lib.training.ring_attention import attention, positions
+    from course_lib.training.tolerance import max_diff, sum_atol
+
+    p = 3 if N >= 3 else 2                                  # 24 rows: blocks of 8 or 12, zig-zag chunks of 4 or 6
+    full = attention(*_qkv(), causal)
+    res = run(_ring_on_gpus, p, args=(causal, layout), backend="nccl", timeout=120, output="none")
+    for r, o in enumerate(res.values):
+        assert max_diff(o, full[positions(r, p, 24, layout)]) < sum_atol(48, 10.0, torch.float64), f"rank {r}"
+
+
+@pytest.mark.skipif(GPUS < 4, reason="a 2 x 2 mesh needs four GPUs")
+def test_fsdp_x_tp_and_hsdp_on_a_gpu_mesh_train_to_single_process_sgd():
+    from course_lib.training import train_single
+    from course_lib.training.mesh import mesh_train
+    from course_lib.training.tolerance import max_diff, sgd_atol
+
+    res = run(lambda: [mesh_train("fsdp_tp"), mesh_train("hsdp")], 4, backend="nccl", timeout=300, output="none")
+    for i, workers in enumerate((2, 4)):
+        ref, _ = train_single(workers, 5, 16, lr=0.1, hidden=64, dtype=torch.float64)
+        for rank, v in enumerate(res.values):
+            assert max_diff(v[i]["params"], ref) < sgd_atol(5, 0.1, 16 * workers, 64, torch.float64), rank
