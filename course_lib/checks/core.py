@@ -191,7 +191,9 @@ def check_collective(
                 if wrong:
                     raise ExerciseFailed(with_hint(f"{exercise}: with {case}: {wrong}", hint))
             count += 1
-    off = " with the forbidden collectives switched off" if forbid else ""
+    named = {"all": "every collective", "send_recv": "send/recv"}
+    what_off = ", ".join(named.get(f, f) for f in ([forbid] if isinstance(forbid, str) else forbid))
+    off = f" with {what_off} switched off" if forbid else ""
     method = ", and every rank's calls and messages were the method's" if traffic else ""
     return passed(exercise, f"{count} cases (world sizes {world_sizes}, sizes {sizes}, dtypes "
                             f"{[str(d).replace('torch.', '') for d in dtypes]}), every rank matched torch's own "

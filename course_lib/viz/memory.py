@@ -33,7 +33,8 @@ def memory_bars(measured: dict, formula: dict, title: str, unit: float = 1e3, un
     ax.set_ylabel(f"bytes held per rank ({unit_name})")
     ax.set_title(title, fontsize=9)
     handles = [Patch(color=COLORS[c], label=LABELS[c]) for c in COLORS]
-    handles.append(Patch(fill=False, edgecolor="gray", ls="--", label="formula (ZeRO paper, fig. 1)"))
+    handles.append(Patch(fill=False, edgecolor="gray", ls="--",
+                         label="formula (ZeRO paper's, for fp32 Adam, padding counted)"))
     ax.legend(handles=handles, fontsize=7, loc="upper right")
     ax.margins(y=0.12)
     fig.tight_layout()

@@ -38,7 +38,7 @@ def plot_step_times(measured: dict, projected: dict, title: str = "", ax=None):
     ax.set_xlabel("workers")
     ax.set_ylabel("ms per step")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, handlelength=3.5)
     ax.figure.tight_layout()
     return ax
 
@@ -54,6 +54,7 @@ def plot_efficiency(projected: dict, title: str = "", ax=None):
     ax.set_xlabel("workers")
     ax.set_ylabel("scaling efficiency")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    # handles long enough to tell dashed (push then pull) from solid (pipelined)
+    ax.legend(fontsize=7, handlelength=3.5, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.figure.tight_layout()
     return ax

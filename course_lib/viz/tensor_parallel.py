@@ -93,6 +93,11 @@ def plot_3d_layout(layout: list[dict], gpus_per_node: int = 8, title: str = ""):
             for st in range(g.max() + 1):
                 cols = np.nonzero((g == st).any(axis=0))[0]
                 ax.text(cols.mean(), (gpus_per_node - 1) / 2, str(st), ha="center", va="center", fontsize=9)
+        if key == "replica" and g.max() < 10:                       # a key: which colour is which replica
+            cmap = plt.get_cmap("tab10")
+            ax.legend([Rectangle((0, 0), 1, 1, color=cmap(r)) for r in range(g.max() + 1)],
+                      [str(r) for r in range(g.max() + 1)], title="replica", fontsize=7, title_fontsize=7,
+                      loc="center left", bbox_to_anchor=(1.005, 0.5), handlelength=1, borderaxespad=0)
         for x in range(1, nodes):                                   # node boundaries
             ax.axvline(x - 0.5, color="white", lw=1.2)
         ax.set_title(titles[key], fontsize=9)

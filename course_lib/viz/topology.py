@@ -164,7 +164,9 @@ def draw(desc: dict, ax=None, box_h: float = 0.42):
         ys = [nodes[m]["xy"][1] for m in g["members"]]
         x0, x1, y0, y1 = min(xs) - 0.55, max(xs) + 0.55, min(ys) - 0.45, max(ys) + 0.45
         ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ls="--", ec="gray", lw=0.8, zorder=0))
-        ax.text(x0 + 0.05, y1 - 0.03, g["label"], fontsize=7, color="gray", va="top")
+        # below the box: above it the nodes' links would cross the label
+        ax.text(x0 + 0.05, y0 - 0.05, g["label"], fontsize=7, color="gray", va="top")
+        ax.update_datalim([(x0, y0 - 0.35)])
     used = {e["kind"] for e in desc["edges"]}
     handles = [plt.Line2D([], [], color=EDGE_STYLES[k][0], lw=EDGE_STYLES[k][1], ls=EDGE_STYLES[k][2], label=t)
                for k, t in desc.get("legend", {}).items() if k in used]
