@@ -2,9 +2,11 @@
 print no "Kernel is running over TCP without encryption" warning. (The README's order is tests/test_packaging.py's.)"""
 
 import json
+import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 from course_lib.viz.sliders import NOTE, WIDGET_VIEW, bundle
@@ -74,7 +76,9 @@ def test_the_readme_re_execution_keeps_sliders_saved_as_figure_and_sentence_with
     folder.mkdir()
     cmd = [w.replace("{tmp}", str(folder)) for w in _readme_execute_command()]
     cmd[-1:] = [str(path)]                       # the README's notebooks/*.ipynb -> this one notebook
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    # `jupyter` as the README's line names it, found next to this Python even when the environment is not activated
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert TCP_WARNING not in done.stdout + done.stderr
     assert not list(folder.iterdir()), "the kernel's sockets were left behind"

@@ -58,8 +58,10 @@ def _nbgrader_scores(course: Path) -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.filterwarnings("ignore:Object of type .* not in session")   # nbgrader's own SQLAlchemy use
-def test_nbgrader_and_the_course_grader_give_the_same_points(tmp_path, capfd):
+def test_nbgrader_and_the_course_grader_give_the_same_points(tmp_path, capfd, monkeypatch):
     pytest.importorskip("nbgrader", reason="nbgrader is in the test extra: pip install -e '.[test]'")
+    # nbgrader runs `alembic` by name: find it next to this Python even when the environment is not activated
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .core import ExerciseFailed, check_collective, launch_checked, passed, with_hint
-from .primitives import COURSE_COLLECTIVES
+from .primitives import COURSE_COLLECTIVES, RING_ANSWERS
 from .traffic import rounds, summary
 
 RING_HINT = (
@@ -72,7 +72,7 @@ def ring_traffic(case, records) -> str | None:
 
 
 def check_ring_all_reduce(learner, world_sizes=(1, 2, 3, 4, 5), sizes=(1, 4, 7, 12),
-                          dtypes=(torch.float32, torch.int64), exercise: str = "Exercise 6.1") -> str:
+                          dtypes=(torch.float32, torch.int64), exercise: str = "Exercise 6.1") -> None:
     """`learner(tensor)` must leave the sum over ranks in `tensor` (in place), like dist.all_reduce, as a ring."""
     return check_collective(exercise, learner, _torch_all_reduce, _make_input, world_sizes=world_sizes, sizes=sizes,
                             dtypes=dtypes, hint=RING_HINT, forbid="all", why="building all_reduce from send/recv",
@@ -88,7 +88,7 @@ def _ring_bytes_sent(n):
     return traffic.bytes_sent
 
 
-def check_ring_bytes_prediction(predicted_bytes_rank1, exercise: str = "Exercise 6.2") -> str:
+def check_ring_bytes_prediction(predicted_bytes_rank1, exercise: str = "Exercise 6.2") -> None:
     """`predicted_bytes_rank1()`: bytes rank 1 sends in the course's ring_all_reduce of 10 float32 on 4 ranks,
     predicted without running it (launching ranks is off); compared with the bytes counted on a real run."""
     from .switch_off import SwitchedOff, switched_off
@@ -97,7 +97,7 @@ def check_ring_bytes_prediction(predicted_bytes_rank1, exercise: str = "Exercise
             "one last) and chunk r+1 in all-gather (it starts with that one complete); 4 bytes per float32.")
     try:
         with switched_off(exercise, why="predicting a ring's bytes before running it",
-                          library=("course_lib.launch.run", *COURSE_COLLECTIVES)):
+                          library=("course_lib.launch.run", *COURSE_COLLECTIVES, *RING_ANSWERS)):
             guess = predicted_bytes_rank1()
     except SwitchedOff as exc:
         raise ExerciseFailed(with_hint(str(exc), hint)) from None

@@ -33,7 +33,7 @@ def _mean_of_everyone(x):
     return torch.stack(everyone).mean(dim=0)
 
 
-def check_all_max(all_max, exercise: str = "Exercise 0.1") -> str:
+def check_all_max(all_max, exercise: str = "Exercise 0.1") -> None:
     """``all_max(x)``: every rank's x becomes the element-wise maximum over ranks (in place), and is returned."""
     return check_collective(exercise, all_max, _torch_max, rank_values, world_sizes=(2, 3, 4, 5), sizes=(1, 5),
                             in_place=True,
@@ -52,7 +52,7 @@ def _one_sum_all_reduce(case, records):
     return None
 
 
-def check_all_mean(all_mean, exercise: str = "Exercise 0.2") -> str:
+def check_all_mean(all_mean, exercise: str = "Exercise 0.2") -> None:
     """``all_mean(x)``: every rank's x becomes the element-wise mean over ranks, with one SUM all-reduce."""
     return check_collective(exercise, all_mean, _mean_of_everyone, rank_values, world_sizes=(2, 3, 4, 5),
                             sizes=(1, 6), dtypes=(torch.float32, torch.float64), traffic=_one_sum_all_reduce,

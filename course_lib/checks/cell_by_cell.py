@@ -13,7 +13,8 @@ from ..results import RankFailed
 from .core import ExerciseFailed, passed, with_hint
 
 _RESULT = "_course_check_result"
-_OTHERS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
+_OTHERS = ("all_reduce", "all_reduce_coalesced",
+           "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
            "reduce_scatter_single", "gather", "scatter", "all_to_all", "send_recv")
 
 
@@ -86,7 +87,7 @@ def _calls(exercise, per_rank, want: str, hint: str) -> None:
                                                f"exercise needs exactly one {want}.", hint))
 
 
-def check_reduce_to(ranks=None, exercise: str = "Exercise 5b.1") -> str:
+def check_reduce_to(ranks=None, exercise: str = "Exercise 5b.1") -> None:
     """``reduce_to(v, dst)`` on the live ranks (``ranks``: a persistent_ranks.Ranks; default: the %ranks group):
     afterwards rank dst's v holds the sum of every rank's v."""
     hint = ("Reduce (规约) is the collective that combines every rank's tensor into one rank's: every rank calls it, "
@@ -103,7 +104,7 @@ def check_reduce_to(ranks=None, exercise: str = "Exercise 5b.1") -> str:
     return passed(exercise, f"rank dst held the sum for dst = 0, {world - 1} and {world // 2}, with one reduce each")
 
 
-def check_copy_from(ranks=None, exercise: str = "Exercise 5b.2") -> str:
+def check_copy_from(ranks=None, exercise: str = "Exercise 5b.2") -> None:
     """``copy_from(w, src)`` on the live ranks: afterwards every rank's w holds what rank src's w held."""
     hint = "one collective copies the source rank's tensor into the same tensor on every rank: dist.broadcast"
     per_rank = _run_on_ranks(exercise, "copy_from", "copy_from", hint, ranks)
@@ -116,7 +117,7 @@ def check_copy_from(ranks=None, exercise: str = "Exercise 5b.2") -> str:
     return passed(exercise, "every rank held the source's w for three sources, with one broadcast each")
 
 
-def check_sum_by_gathering(ranks=None, exercise: str = "Exercise 5b.3") -> str:
+def check_sum_by_gathering(ranks=None, exercise: str = "Exercise 5b.3") -> None:
     """``sum_by_gathering(mine)`` on the live ranks: returns the sum of every rank's mine, from one all_gather."""
     hint = ("all_gather fills a list with one tensor per rank (make the list first: [torch.zeros_like(mine) ...]); "
             "then add them up on each rank")

@@ -149,7 +149,7 @@ def check_collective(
     library=(),
     traffic: Callable | None = None,
     in_place: bool = False,
-) -> str:
+) -> None:
     """Compare ``learner(x)`` with ``reference(x)`` on real ranks for every case; print and return a pass line.
 
     ``make_input(rank, world_size, size, dtype)`` builds each rank's input; both functions return what the rank

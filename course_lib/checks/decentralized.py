@@ -84,7 +84,9 @@ def _one_peer_case(learner, rounds, exercise):
     records = []
     for t in range(rounds):
         x, record = watched_call(exercise, learner, (x, t), forbid="all", why="gossip with your neighbours only",
-                                 library=("course_lib.training.gossip.gossip_round",))
+                                 library=("course_lib.training.gossip.gossip_round",
+                                          "course_lib.training.gossip.out_neighbours",
+                                          "course_lib.training.gossip.in_neighbours"))
         out.append(x.detach().cpu().clone())
         records.append(record)
     return out, records

@@ -20,7 +20,7 @@ def _number(exercise, got, what):
 
 
 # ---------------------------------------------------------------- notebook 01
-def check_cards_for_llama(exercise_1_1, exercise: str = "Exercise 1.1") -> str:
+def check_cards_for_llama(exercise_1_1, exercise: str = "Exercise 1.1") -> None:
     """Cards of H100 SXM 80GB just to hold LLaMA-65B's mixed-precision Adam state (data/training_runs.csv)."""
     hint = ("mixed-precision Adam holds 16 bytes per parameter (ZeRO paper, section 3.1): hw.training_state_bytes "
             "gives them; divide by one card's memory and round up (hw.gpus_to_hold)")
@@ -33,7 +33,7 @@ def check_cards_for_llama(exercise_1_1, exercise: str = "Exercise 1.1") -> str:
     return passed(exercise, f"{got} cards")
 
 
-def check_bloom_days(exercise_1_2, exercise: str = "Exercise 1.2") -> str:
+def check_bloom_days(exercise_1_2, exercise: str = "Exercise 1.2") -> None:
     """Days of pure compute for BLOOM-176B: 6·N·D / (GPUs x FLOP/s per GPU), from data/training_runs.csv."""
     hint = "hw.training_flops(N, D) = 6 N D; divide by (GPUs x TFLOP/s per GPU x 1e12) for seconds, by 86,400 for days"
     got = _number(exercise, call_learner(exercise, exercise_1_2, hint=hint), "the number of days")
@@ -45,7 +45,7 @@ def check_bloom_days(exercise_1_2, exercise: str = "Exercise 1.2") -> str:
     return passed(exercise, f"{got:.1f} days of pure compute vs ~{b['duration_days']} days of wall time")
 
 
-def check_accumulation(exercise_1_3, speed_setup, exercise: str = "Exercise 1.3") -> str:
+def check_accumulation(exercise_1_3, speed_setup, exercise: str = "Exercise 1.3") -> None:
     """Smallest sequences per GPU per step keeping LLaMA-7B's speedup ratio >= 0.9 on 256 GPUs over 100 GbE,
     judged with the notebook's own speed_setup (the lesson's compute rate and link figures)."""
     hint = ("speed_setup('LLaMA-7B', 'Ethernet 100 GbE', s) gives hw.data_parallel_speed's arguments for s sequences; "
@@ -62,7 +62,7 @@ def check_accumulation(exercise_1_3, speed_setup, exercise: str = "Exercise 1.3"
 
 
 # ---------------------------------------------------------------- notebook 02
-def check_gradient_transfer(exercise_2_1, exercise: str = "Exercise 2.1") -> str:
+def check_gradient_transfer(exercise_2_1, exercise: str = "Exercise 2.1") -> None:
     """Seconds to send LLaMA-65B's fp16 gradients once over PCIe 4.0 x16 (data/links.csv)."""
     hint = "fp16 = 2 bytes per parameter; hw.transfer_time_s(bytes, link) divides by the link's one-direction speed"
     got = _number(exercise, call_learner(exercise, exercise_2_1, hint=hint), "seconds")
@@ -72,7 +72,7 @@ def check_gradient_transfer(exercise_2_1, exercise: str = "Exercise 2.1") -> str
     return passed(exercise, f"{got:.2f} s")
 
 
-def check_tor_edges(exercise_2_2, exercise: str = "Exercise 2.2") -> str:
+def check_tor_edges(exercise_2_2, exercise: str = "Exercise 2.2") -> None:
     """Edges of topology.rack(6)'s description that reach its ToR switch."""
     from ..viz import topology
 
@@ -91,7 +91,7 @@ def _fewest_servers(n: int) -> int:
                 <= costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["allreduce_s"] * (1 + 1e-12))
 
 
-def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> str:
+def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> None:
     """Fewest non-colocated parameter servers (BytePS) for 16 workers to be no slower than the ring."""
     hint = ("costmodel.ps_vs_allreduce(16, M, B, k) gives both times for k servers; raise k from 1 until the PS time "
             "is no more than the all-reduce time")
@@ -103,7 +103,7 @@ def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> str:
 
 
 # ---------------------------------------------------------------- notebook 07
-def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise 7.1") -> str:
+def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise 7.1") -> None:
     """(algbw, busbw) in GB/s of an all_gather on 8 ranks, S = 1 GiB of output, in 10 ms (nccl-tests' definitions,
     doc/PERFORMANCE.md: algbw = S/t, busbw = algbw x (n-1)/n for all_gather)."""
     hint = "algbw = S / t with S the whole output in bytes (1 GiB = 2**30 B) and 1 GB = 1e9 B; all_gather's busbw " \
@@ -120,7 +120,7 @@ def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise
     return passed(exercise, f"algbw {got[0]:.1f} GB/s, busbw {got[1]:.1f} GB/s")
 
 
-def check_course_ring_fit(fit_course_ring, rows, exercise: str = "Exercise 7.2") -> str:
+def check_course_ring_fit(fit_course_ring, rows, exercise: str = "Exercise 7.2") -> None:
     """(alpha, beta) of the course ring's rows (op 'ring') of the measured sweep, fitted with the ring's model."""
     hint = ("keep the rows whose op is 'ring'; costmodel.fit_alpha_beta(sizes in bytes, times in seconds, p=ranks, "
             "algorithm='ring') fits the ring's 2(p-1) alpha + 2(p-1)/p n beta")
@@ -141,7 +141,7 @@ def _per_gpu_day() -> float:
     return llama["interruptions_unexpected"] / llama["days"] / llama["accelerators"]
 
 
-def check_interruptions_per_day(interruptions_per_day, exercise: str = "Exercise 16.1") -> str:
+def check_interruptions_per_day(interruptions_per_day, exercise: str = "Exercise 16.1") -> None:
     """Expected unexpected interruptions per day on n GPUs at Llama 3's per-GPU rate (data/failure_rates.csv)."""
     hint = "Llama 3's unexpected interruptions / days / GPUs is a rate per GPU-day; multiply it by the GPU count"
     for n in (1, 1024, 16384, 100_000):
@@ -151,7 +151,7 @@ def check_interruptions_per_day(interruptions_per_day, exercise: str = "Exercise
     return passed(exercise, "right for 1 to 100,000 GPUs")
 
 
-def check_checkpoint_interval(checkpoint_interval_s, exercise: str = "Exercise 16.2") -> str:
+def check_checkpoint_interval(checkpoint_interval_s, exercise: str = "Exercise 16.2") -> None:
     """Young's interval sqrt(2 C M) in seconds (CACM 17(9), 1974), M = 1 / (n x Llama 3's rate per GPU-day)."""
     hint = ("M is the mean time between failures in seconds: 86,400 / (interruptions per day for that many GPUs); "
             "then sqrt(2 x save time x M). If exercise 16.1 is wrong, fix it first.")

@@ -28,7 +28,7 @@ def _parse(line: str):
         raise ValueError("torchrun's argument parser refuses it") from None
 
 
-def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> str:
+def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
     """``torchrun_line(nnodes, node_rank, gpus, head, port)``: the command for one node of the hello lab
     (course_lib.labs.hello) with c10d rendezvous at head:port; checked for three clusters."""
     hint = ("torchrun needs --nnodes, --node-rank, --nproc-per-node, --rdzv-backend=c10d and "
@@ -55,7 +55,7 @@ def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> str:
                             "module for three clusters")
 
 
-def check_global_rank(global_rank, exercise: str = "Exercise 17.2") -> str:
+def check_global_rank(global_rank, exercise: str = "Exercise 17.2") -> None:
     """``global_rank(node, local_rank, gpus_per_node)`` as torchrun numbers ranks (node by node)."""
     hint = "torchrun numbers the ranks node by node: node k's first rank comes after k full nodes"
     for gpus in (1, 4, 8):

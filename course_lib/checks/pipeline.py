@@ -156,7 +156,8 @@ def _loss_scaling_case(learner, growth_interval, lr):
             with _switched_off("Exercise 14.3", "loss scaling by hand",
                                library=["torch.amp.grad_scaler.GradScaler.unscale_",
                                         "torch.amp.grad_scaler.GradScaler.step",
-                                        "torch.amp.grad_scaler.GradScaler.update"]):
+                                        "torch.amp.grad_scaler.GradScaler.update",
+                                        "course_lib.training.mixed_precision.LossScaler.update"]):
                 stepped = learner(stage, lr, scaler)
         history.append((bool(stepped), scaler["scale"], scaler["good_steps"], [c.op for c in log.calls],
                         [q.detach().cpu().clone() for q in stage.parameters()]))

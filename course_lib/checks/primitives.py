@@ -17,10 +17,15 @@ from .traffic import summary
 
 WORLDS = (2, 3, 4, 5)
 # The course's own collectives answer these exercises: off while the learner's function runs.
+# Every function of the course's own collectives, the private halves too (ring._all_gather is a whole all-gather).
 COURSE_COLLECTIVES = tuple(f"course_lib.collectives.{m}" for m in (
-    "ring.ring_all_reduce", "ring.ring_reduce_scatter", "ring.ring_all_gather", "tree.tree_reduce",
-    "tree.tree_broadcast", "tree.tree_all_reduce", "recursive_doubling.recursive_doubling_all_reduce",
-    "star.star_all_reduce"))
+    "ring.ring_all_reduce", "ring.ring_reduce_scatter", "ring.ring_all_gather", "ring._reduce_scatter",
+    "ring._all_gather", "tree.tree_reduce", "tree.tree_broadcast", "tree.tree_all_reduce", "tree._reduce",
+    "tree._broadcast", "recursive_doubling.recursive_doubling_all_reduce", "star.star_all_reduce"))
+# Every library function that returns a ring all-reduce's bytes (exercises 6.2 and 10.1 ask for them).
+RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.allreduce_traffic",
+                "course_lib.costmodel.ring_allreduce", "course_lib.training.compression.ring_sent_bytes",
+                "course_lib.training.zero.ring_bytes_formula", "course_lib.training.decentralized_cost.sent_per_step")
 
 
 def _distinct(rank, world, size, dtype):
@@ -205,7 +210,8 @@ def check_all_reduce(my_all_reduce, exercise: str = "Exercise 5.2", worlds=WORLD
     return check_collective(
         exercise, partial(_call, my_all_reduce), _torch_all_reduce, _distinct, world_sizes=worlds,
         sizes=(1, 7, 12), timeout=10, why="building all-reduce from reduce-scatter and all-gather",
-        forbid=("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
+        forbid=("all_reduce", "all_reduce_coalesced",
+                "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
                 "all_to_all", "send_recv"),
         library=COURSE_COLLECTIVES, traffic=_one_rs_one_ag,
         hint="reduce_scatter_single and all_gather_single need a length divisible by the world size: pad t with "
@@ -222,7 +228,7 @@ def _real_reduce_scatter(inputs):
     return out.tolist()
 
 
-def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise 5.1") -> str:
+def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise 5.1") -> None:
     """``predicted()`` returns what each rank's output holds after reduce_scatter_single (SUM) with ``inputs``;
     compared with a real run on len(inputs) ranks. It is a prediction: launching ranks and collectives are off."""
     from ..launch import run

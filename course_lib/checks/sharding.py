@@ -26,7 +26,7 @@ ZERO_ANSWERS = tuple(f"course_lib.training.zero.{f}" for f in ("zero1_step", "ze
                                                                "reduce_scatter_mean", "_update_my_rows_and_gather"))
 
 
-def check_per_rank_bytes(per_rank_bytes, exercise: str = "Exercise 12.1") -> str:
+def check_per_rank_bytes(per_rank_bytes, exercise: str = "Exercise 12.1") -> None:
     """`per_rank_bytes(scheme, shapes, p)` -> {"params", "grads", "optimizer"}: bytes ONE rank holds under scheme
     "DP", "ZeRO-1", "ZeRO-2" or "ZeRO-3" (fp32 Adam); compared with what real ranks held, for 3 and 4 ranks."""
     hint = ("fp32 Adam: 4 B weights, 4 B gradients, 8 B optimizer state per parameter; a sharded tensor is split "
@@ -66,14 +66,15 @@ def _train_with_learner_step(exercise, step_fn):
         model.zero_grad()
         nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev)).backward()
         _, record = watched_call(exercise, step_fn, (params, m, v, step + 1, 1e-3), library=ZERO_ANSWERS,
-                                 forbid=("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
+                                 forbid=("all_reduce", "all_reduce_coalesced",
+                                         "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
                                          "scatter", "all_to_all", "send_recv"),
                                  why="replacing all-reduce by one reduce-scatter and one all-gather of a flat buffer")
         calls.append(sorted(name for name, *_ in record["collectives"]))
     return flat_params(model).cpu(), calls, (m.numel(), v.numel())
 
 
-def check_zero1_flat_step(step_fn, exercise: str = "Exercise 12.2") -> str:
+def check_zero1_flat_step(step_fn, exercise: str = "Exercise 12.2") -> None:
     """`step_fn(params, m, v, t, lr)`: reduce-scatter all gradients in one flat buffer, Adam on this rank's slice
     with its shard m, v (ceil(Ψ/p) values each), all-gather the slices into the parameters. Trained on 2 and 3
     real ranks: weights must equal single-process Adam, with exactly one reduce-scatter and one all-gather a step."""

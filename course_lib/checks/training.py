@@ -20,15 +20,16 @@ from ..training.data import combined_batch, load_digits, shard_indices, worker_b
 from ..training.model import flat_grads, flat_params, make_mlp, set_flat_params
 from ..training.ps import ps_train
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
+from .primitives import RING_ANSWERS
 from .traffic import summary
 
 STEPS, BATCH, HIDDEN = 3, 16, 32
 PS_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.ps_vs_allreduce")
-RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.allreduce_traffic")
+
 
 
 # ---------------------------------------------------------------- notebook 08
-def check_server_bytes(server_bytes, exercise: str = "Exercise 8.1") -> str:
+def check_server_bytes(server_bytes, exercise: str = "Exercise 8.1") -> None:
     """`server_bytes(n, model_bytes, k)` -> bytes ONE server receives per synchronous step; checked against what
     the course's PS really received (every message counted) for several n and k."""
     hint = ("every worker pushes its gradient for each server's shard only: a server receives one shard from each "
@@ -85,7 +86,7 @@ def _ps_with_learner_server(exercise, server_step, steps, lr, momentum):
     return None, []
 
 
-def check_momentum_server_step(server_step, exercise: str = "Exercise 8.2") -> str:
+def check_momentum_server_step(server_step, exercise: str = "Exercise 8.2") -> None:
     """`server_step(shard, velocity, workers, lr, momentum)`: send `shard` to every worker, receive one gradient from
     each, then velocity = momentum x velocity + mean gradient and shard -= lr x velocity, both in place. Run as the
     server of a real PS with 1-3 workers; the weights must equal single-process SGD with momentum."""
@@ -160,7 +161,7 @@ def _uneven_single(world: int, steps: int, lr: float) -> torch.Tensor:
     return flat_params(model)
 
 
-def check_average_gradients(average_gradients, exercise: str = "Exercise 9.1") -> str:
+def check_average_gradients(average_gradients, exercise: str = "Exercise 9.1") -> None:
     """`average_gradients(model, batch_size)`: after backward of this rank's mean loss over its `batch_size`
     samples, make every p.grad the gradient of the mean loss over ALL ranks' samples (batches differ in size).
     Trained on 2 and 3 real ranks; every rank must end with the single-process weights."""
@@ -200,15 +201,15 @@ def _bucket_case(exercise, bucket_all_reduce):
         dist.all_reduce(t)
         t /= dist.get_world_size()
     _, record = watched_call(exercise, bucket_all_reduce, (ts,), why="one all-reduce for a whole bucket",
-                             forbid=[c for c in ("broadcast", "reduce", "all_gather", "all_gather_single",
-                                                 "reduce_scatter", "reduce_scatter_single", "gather", "scatter",
-                                                 "all_to_all", "send_recv")],
+                             forbid=("all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+                                     "all_gather_single", "reduce_scatter", "reduce_scatter_single", "gather",
+                                     "scatter", "all_to_all", "send_recv"),
                              library=("course_lib.training.allreduce.BucketReducer._launch",
                                       "course_lib.training.allreduce.BucketReducer.finish"))
     return record, all(torch.allclose(a, b) for a, b in zip(ts, want))
 
 
-def check_bucket_all_reduce(bucket_all_reduce, exercise: str = "Exercise 9.2") -> str:
+def check_bucket_all_reduce(bucket_all_reduce, exercise: str = "Exercise 9.2") -> None:
     """`bucket_all_reduce(tensors)`: average every tensor of the list over ranks, in place, with ONE all_reduce."""
     hint = "torch.cat([t.reshape(-1) for t in tensors]), one dist.all_reduce, divide, copy slices back"
     for n in (2, 3, 4):
@@ -232,7 +233,7 @@ def _ring_bytes_case():
     return out["traffic"][0][0], out["model_bytes"]
 
 
-def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> str:
+def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> None:
     """`ring_bytes(n, model_bytes)` -> bytes each rank sends per ring all-reduce; checked against real ring runs
     (every message counted) within one element per phase (the chunks differ by at most one element)."""
     hint = "reduce-scatter then all-gather, each n-1 steps of a 1/n chunk of the model"
@@ -249,7 +250,7 @@ def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> str:
     return passed(exercise, "matches the bytes counted on real ring runs for 2-4 ranks")
 
 
-def check_servers_to_match_ring(servers_needed, exercise: str = "Exercise 10.2") -> str:
+def check_servers_to_match_ring(servers_needed, exercise: str = "Exercise 10.2") -> None:
     """`servers_needed(n)` -> the smallest k for which BytePS's PS time max(M/B, nM/(kB)) is at most ring
     all-reduce's 2(n-1)M/(nB) (any M, B); compared with costmodel.ps_vs_allreduce for n = 2..64."""
     hint = "solve n/k <= 2(n-1)/n for k and round up (and k >= 1)"
