@@ -45,6 +45,14 @@ COLLECTIVES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 # Every collective that moves data between ranks (a barrier moves none and stays available).
 ALL_COLLECTIVES = tuple(k for k in COLLECTIVES if k != "send_recv")
+
+
+def everything_but(*kept: str) -> tuple[str, ...]:
+    """Every collective and send/recv except `kept`: what an exercise about one collective switches off."""
+    unknown = set(kept) - set(COLLECTIVES)
+    if unknown:
+        raise ValueError(f"unknown collective(s) {sorted(unknown)}: use names from {sorted(COLLECTIVES)}")
+    return tuple(k for k in COLLECTIVES if k not in kept)
 SENDS = ("c10d.send", "_c10d_functional.isend")
 RECVS = ("c10d.recv_", "c10d.recv_any_source_", "_c10d_functional.irecv")
 

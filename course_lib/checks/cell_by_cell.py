@@ -10,12 +10,10 @@ from __future__ import annotations
 import torch
 
 from ..results import RankFailed
+from .c10d_names import everything_but
 from .core import ExerciseFailed, passed, with_hint
 
 _RESULT = "_course_check_result"
-_OTHERS = ("all_reduce", "all_reduce_coalesced",
-           "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
-           "reduce_scatter_single", "gather", "scatter", "all_to_all", "send_recv")
 
 
 def _value(rank: int, case: int) -> torch.Tensor:
@@ -42,7 +40,7 @@ def on_rank(exercise: str, kind: str, fn, device, world: int) -> list:
     for case, peer in enumerate((0, world - 1, world // 2)):
         v = _value(rank, case).to(device)
         args = (v,) if kind == "sum_by_gathering" else (v, peer)
-        got, record = watched_call(exercise, fn, args, forbid=[c for c in _OTHERS if c != allowed], why=why)
+        got, record = watched_call(exercise, fn, args, forbid=everything_but(allowed), why=why)
         result = got if kind == "sum_by_gathering" else v     # reduce_to and copy_from work in place on v
         out.append((peer, result.detach().cpu() if isinstance(result, torch.Tensor) else result, record))
     return out

@@ -13,6 +13,7 @@ import torch
 
 from ..launch import run
 from ..results import RankFailed
+from .c10d_names import everything_but
 from .core import ExerciseFailed, passed
 
 # ------------------------------------------------------------------ shared
@@ -141,10 +142,7 @@ def _run_dispatch(fn, exercise):
     from .switch_off import switched_off
     rank, p = dist.get_rank(), dist.get_world_size()
     x, e = (t.to(device()) for t in _tokens(rank, p))        # NCCL moves only tensors on the rank's GPU
-    with switched_off(exercise, forbid=("all_reduce", "all_reduce_coalesced",
-                                        "broadcast", "reduce", "all_gather", "all_gather_single",
-                                        "reduce_scatter", "reduce_scatter_single", "gather", "scatter",
-                                        "send_recv"),
+    with switched_off(exercise, forbid=everything_but("all_to_all"),
                       why="dispatching with all_to_all_single", library=["course_lib.training.moe.ep_forward"]):
         with AllToAllLog() as log:
             got = fn(x, e, N_EXPERTS)

@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from ..results import RankFailed
+from .c10d_names import everything_but
 from .core import ExerciseFailed, _fmt, check_collective, passed, with_hint
 from .traffic import summary
 
@@ -210,9 +211,7 @@ def check_all_reduce(my_all_reduce, exercise: str = "Exercise 5.2", worlds=WORLD
     return check_collective(
         exercise, partial(_call, my_all_reduce), _torch_all_reduce, _distinct, world_sizes=worlds,
         sizes=(1, 7, 12), timeout=10, why="building all-reduce from reduce-scatter and all-gather",
-        forbid=("all_reduce", "all_reduce_coalesced",
-                "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
-                "all_to_all", "send_recv"),
+        forbid=everything_but("reduce_scatter_single", "all_gather_single"),
         library=COURSE_COLLECTIVES, traffic=_one_rs_one_ag,
         hint="reduce_scatter_single and all_gather_single need a length divisible by the world size: pad t with "
              "zeros to the next multiple, and cut the padding off the result.")

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .c10d_names import everything_but
 from .core import ExerciseFailed, launch_checked, passed, watched_call, with_hint
 
 CASES = [(2, 6, 8), (3, 6, 12)]     # (world size, in features, out features): even and odd p, each divides evenly
@@ -19,9 +20,7 @@ TP_ANSWERS = tuple(f"course_lib.training.tensor_parallel.{f}" for f in (
     "ColumnParallelLinear.forward", "RowParallelLinear.forward", "TensorParallelMLP.forward", "copy_to_tp",
     "reduce_from_tp", "gather_from_tp", "ColumnParallelLinear.__init__", "RowParallelLinear.__init__", "_slice",
     "_ReduceFromTP.forward", "_ReduceFromTP.backward"))
-EVERY_OTHER = ("all_reduce_coalesced",
-               "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single",
-               "gather", "scatter", "all_to_all", "send_recv")
+EVERY_OTHER = everything_but("all_reduce")
 
 
 def _case(exercise, learner, n_in, n_out, forbid, why):
