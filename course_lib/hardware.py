@@ -2,7 +2,8 @@
 
 Taught in notebooks/01_why_distributed.ipynb (memory wall, compute wall, speed formula) and
 notebooks/02_cluster_architecture.ipynb (links, transfer times). Units: bytes, seconds, FLOPs; GB = 1e9 bytes,
-GB/s one direction unless a name says otherwise.
+GiB = 2**30 bytes, GB/s one direction unless a name says otherwise. An accelerator's memory is NOT in GB: the "80GB"
+of an A100 80GB is 80 GiB (nvidia-smi: 81920 MiB); memory_bytes() reads it right.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from . import costmodel
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 GB = 1e9
+GiB = 2**30
+MiB = 2**20
 
 # Bytes per parameter of the training state with Adam (ZeRO paper, Rajbhandari et al. SC'20, section 3.1):
 # fp32 keeps weights, grads, momentum, variance in fp32 (4+4+4+4); mixed precision keeps fp16 weights and grads
@@ -103,9 +106,27 @@ def activation_bytes(layers: int, hidden: int, seq_len: int, micro_batch: int, h
     return layers * s * b * h * (34 + 5 * a * s / h)
 
 
-def gpus_to_hold(n_bytes: float, gpu_memory_GB: float) -> int:
-    """How many GPUs of this memory size just to hold n_bytes, with perfect sharding and nothing else stored."""
-    return math.ceil(n_bytes / (gpu_memory_GB * GB))
+def memory_bytes(gpu: dict | str) -> int:
+    """Bytes of memory of one accelerator (a row of data/accelerators.csv, or its name).
+
+    The total nvidia-smi reports (memory_MiB_nvidia_smi) where the table has it: A100 80GB 81920 MiB = 85.9e9 bytes,
+    H100 SXM 81559 MiB = 85.5e9 bytes. Otherwise the size in the product's name, which NVIDIA counts in GiB (2**30
+    bytes), not in GB: memory_GB x 2**30.
+    """
+    gpu = row("accelerators", gpu) if isinstance(gpu, str) else gpu
+    if gpu.get("memory_MiB_nvidia_smi"):
+        return int(gpu["memory_MiB_nvidia_smi"] * MiB)
+    return int(gpu["memory_GB"] * GiB)
+
+
+def gpus_to_hold(n_bytes: float, gpu: dict | str | float) -> int:
+    """How many GPUs of this memory just to hold n_bytes, with perfect sharding and nothing else stored.
+
+    gpu: an accelerator (a row of data/accelerators.csv or its name; its real capacity, memory_bytes()), or a number
+    of decimal GB (1e9 bytes) for a what-if.
+    """
+    capacity = gpu * GB if isinstance(gpu, (int, float)) else memory_bytes(gpu)
+    return math.ceil(n_bytes / capacity)
 
 
 # ---------------------------------------------------------------------------------------------- compute wall

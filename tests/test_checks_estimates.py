@@ -17,12 +17,16 @@ from course_lib.checks.training import check_ring_bytes, check_servers_to_match_
 def test_cards_days_and_seconds():
     def cards():
         st = hw.training_state_bytes(hw.row("training_runs", "LLaMA-65B")["params"], "mixed")
-        return hw.gpus_to_hold(st["total"], hw.row("accelerators", "H100 SXM 80GB")["memory_GB"])
+        return hw.gpus_to_hold(st["total"], hw.row("accelerators", "H100 SXM 80GB"))
 
+    assert cards() == 13                                        # 1.0432e12 B / (81559 MiB = 85.5e9 B) = 12.2
     estimates.check_cards_for_llama(cards)
+    estimates.check_cards_for_llama(lambda: math.ceil(16 * 65.2e9 / (80 * 2**30)))   # the name's 80 GiB: also 13
     with pytest.raises(ExerciseFailed) as e:
         estimates.check_cards_for_llama(lambda: cards() - 1)    # 12 bytes per parameter, say
     assert str(cards()) not in str(e.value).replace(str(cards() - 1), "") and "Hint" in str(e.value)
+    with pytest.raises(ExerciseFailed, match=r"you said 14 cards.*80 GiB"):
+        estimates.check_cards_for_llama(lambda: math.ceil(16 * 65.2e9 / 80e9))   # "80GB" read as 80e9 bytes
 
     b = hw.row("training_runs", "BLOOM-176B")
     days = hw.training_flops(b["params"], b["tokens"]) / (b["gpus"] * b["tflops_per_gpu"] * 1e12) / 86400
@@ -33,6 +37,47 @@ def test_cards_days_and_seconds():
     estimates.check_gradient_transfer(lambda: seconds)
     with pytest.raises(ExerciseFailed, match=r"Exercise 2\.1: you said"):
         estimates.check_gradient_transfer(lambda: seconds / 2)   # fp16 taken as 1 byte
+
+
+def _speed_setup(model="LLaMA-7B", link="InfiniBand HDR", seqs_per_gpu=8):
+    """notebook 01's speed_setup: compute of a step at LLaMA-65B's achieved rate, fp16 gradients, the link's
+    alpha/beta."""
+    runs = {r["name"]: r for r in hw.training_runs()}
+    rate = hw.flops_per_gpu_from_throughput(runs["LLaMA-65B"]["params"], runs["LLaMA-65B"]["tokens_per_s_per_gpu"])
+    m, lk = runs[model], hw.row("links", link)
+    step_s = hw.training_flops(m["params"], seqs_per_gpu * m["seq_len"]) / rate
+    return step_s, 2 * m["params"], lk["typical_latency_us"] * 1e-6, 1 / (lk["GBps_one_direction"] * 1e9)
+
+
+def test_gpus_at_a_fixed_global_batch():
+    def by_doubling():          # the solution cell's way: data_parallel_speed with 2048 // p sequences per GPU
+        p = 1
+        while 2 * p <= 2048 and hw.data_parallel_speed(
+                2 * p, *_speed_setup("LLaMA-7B", "Ethernet 100 GbE", 2048 // (2 * p)))["speedup_ratio"] >= 0.85:
+            p *= 2
+        setup = _speed_setup("LLaMA-7B", "Ethernet 100 GbE", 2048 // p)
+        return p, setup[0] + hw.data_parallel_speed(p, *setup)["comm_s"]
+
+    def by_scaling():           # written differently: hw.scaling in strong-scaling mode, scanning down from 2048
+        seq_s, grads, alpha, beta = _speed_setup("LLaMA-7B", "Ethernet 100 GbE", 1)
+        for k in range(11, -1, -1):
+            r = hw.scaling(2 ** k, seq_s, grads, alpha, beta, global_batch=2048)
+            if r["efficiency"] >= 0.85:
+                return 2 ** k, r["step_s"]
+
+    assert by_doubling()[0] == by_scaling()[0] == 64
+    estimates.check_gpus_at_fixed_batch(by_doubling, _speed_setup)
+    estimates.check_gpus_at_fixed_batch(by_scaling, _speed_setup)
+    estimates.check_gpus_at_fixed_batch(lambda: [64, by_scaling()[1] * 1.005], _speed_setup)
+    p, step = by_doubling()
+    for wrong, why in [((32, step), r"32 GPUs is not the largest"), ((128, step), r"128 GPUs is not the largest"),
+                       ((256, step), r"256 GPUs is not the largest"), ((48, step), r"48 GPUs does not split"),
+                       ((64.0, step), r"64\.0 GPUs does not split"), ((64, step * 2), r"64 GPUs is right, but"),
+                       ((64, _speed_setup("LLaMA-7B", "Ethernet 100 GbE", 32)[0]), r"64 GPUs is right, but"),
+                       (64, r"return two numbers")]:
+        with pytest.raises(ExerciseFailed, match=why) as e:
+            estimates.check_gpus_at_fixed_batch(lambda w=wrong: w, _speed_setup)
+        assert f"{step:.1f}" not in str(e.value)
 
 
 def test_servers_and_bandwidths():

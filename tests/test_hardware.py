@@ -71,9 +71,24 @@ def test_training_state_16_bytes_per_param():
 
 
 def test_gpus_to_hold():
-    assert hw.gpus_to_hold(700e9, 80) == 9           # 700/80 = 8.75 -> 9 cards for the fp32 weights alone
-    assert hw.gpus_to_hold(2800e9, 80) == 35         # full mixed-precision Adam state of GPT-3
+    # a number is decimal GB (a what-if); an accelerator's row or name is its real capacity
+    assert hw.gpus_to_hold(700e9, 80) == 9           # 700/80 = 8.75 -> 9
+    assert hw.gpus_to_hold(2800e9, 80) == 35         # 2800/80 = 35 exactly
     assert hw.gpus_to_hold(80e9, 80) == 1
+    a100, h100 = hw.row("accelerators", "A100 80GB SXM"), hw.row("accelerators", "H100 SXM 80GB")
+    assert hw.gpus_to_hold(700e9, a100) == 9         # GPT-3's fp32 weights: 700e9 / 85.9e9 = 8.1 -> 9
+    assert hw.gpus_to_hold(2800e9, a100) == 33       # GPT-3's mixed-precision Adam state: 32.6 -> 33, not 35
+    assert hw.gpus_to_hold(16 * 65.2e9, "H100 SXM 80GB") == 13   # LLaMA-65B: 1.0432e12 / 85.5e9 = 12.2 -> 13
+    assert hw.gpus_to_hold(hw.memory_bytes(h100), h100) == 1
+
+
+def test_memory_is_in_binary_units():
+    # nvidia-smi's totals: A100 80GB 81920 MiB = exactly 80 GiB; H100 SXM 81559 MiB
+    assert hw.memory_bytes("A100 80GB SXM") == 81920 * 2**20 == 80 * 2**30
+    assert hw.memory_bytes("H100 SXM 80GB") == 81559 * 2**20
+    assert hw.memory_bytes("V100 SXM2 32GB") == 32 * 2**30          # no nvidia-smi figure: the name's size in GiB
+    for r in hw.accelerators():
+        assert r["memory_GB"] * 2**30 * 0.98 < hw.memory_bytes(r) <= r["memory_GB"] * 2**30, r["name"]
 
 
 def test_activation_formula_by_hand():

@@ -138,7 +138,9 @@ def test_calculator_on_bloom():
     assert lay.gpus == r["gpus"] and pp.plan(bloom, lay, cl)["fits"]
     assert not pp.plan(bloom, pp.Layout(1, 1, 384, 2, 2048, 1, "full", False), cl)["fits"]
     days = pp.flops_per_step(bloom, 1, "full") * r["tokens"] / row["seq_len"] / (384 * r["tflops_per_gpu"] * 1e12)
-    assert abs(days / 86400 - r["duration_days"]) / r["duration_days"] < 0.05
+    # The FLOP estimate at the published rate leaves out restarts and slower stretches: below the ~117 days the
+    # run took (model card dates; 1,082,990 GPU-hours / 384 / 24), about 10% short, never above it.
+    assert 0.85 < days / 86400 / r["duration_days"] < 1.0
     t = pp.step_time(bloom, lay, cl)
     assert t["bubble"] == pytest.approx((lay.pp - 1) / lay.microbatches * (t["compute"] + t["tp_comm"] + t["pp_comm"]))
     found = pp.layouts(bloom, 384, cl, lay)

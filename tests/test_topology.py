@@ -42,6 +42,15 @@ def test_rail_optimized_wiring_and_oversubscription(over):
         t.rail_optimized(n_servers=3, oversubscription=2)
 
 
+def test_one_server_fans_out_over_rails():
+    d = t.server_rails(8)
+    for g in range(8):   # GPU g -> its NIC g -> leaf g, and leaf g reaches no other NIC of this server
+        assert _neighbours(d, f"nic{g}") == {f"gpu{g}", f"leaf{g}"}
+        assert _neighbours(d, f"leaf{g}") == {f"nic{g}"}
+    assert sum(v["kind"] == "tor" for v in d["nodes"].values()) == 8
+    assert "general-purpose" in t.rack(4)["title"]        # the ToR picture is the general-purpose design
+
+
 def test_rack_and_cluster_wiring():
     r = t.rack(5)
     assert _neighbours(r, "tor0") == {f"r0s{i}" for i in range(5)}
@@ -52,15 +61,17 @@ def test_rack_and_cluster_wiring():
     assert len(c["groups"]) == 3
 
 
-def test_ps_vs_decentralized():
+def test_ps_vs_all_reduce():
     ps = t.parameter_server(4)
     assert _neighbours(ps, "ps0") == {"w0", "w1", "w2", "w3"}
-    ring = t.decentralized(5)
+    ring = t.ring_all_reduce(5)
+    assert "decentralized" not in ring["title"]            # the course keeps that word for gossip (notebook 11)
     assert all(len(_neighbours(ring, f"w{i}")) == 2 for i in range(5))
     assert not any(v["kind"] == "ps" for v in ring["nodes"].values())
 
 
-@pytest.mark.parametrize("desc", [t.server_8gpu(), t.rack(), t.cluster(), t.parameter_server(), t.decentralized(),
+@pytest.mark.parametrize("desc", [t.server_8gpu(), t.rack(), t.cluster(), t.parameter_server(), t.ring_all_reduce(),
+                                  t.server_rails(),
                                   t.rail_optimized(), t.rail_optimized(oversubscription=3)])
 def test_every_description_draws(desc):
     ax = t.draw(desc)
@@ -71,7 +82,7 @@ def test_every_description_draws(desc):
 
 
 def test_side_by_side():
-    fig = t.draw_side_by_side(t.parameter_server(), t.decentralized())
+    fig = t.draw_side_by_side(t.parameter_server(), t.ring_all_reduce())
     assert len(fig.axes) == 2
     plt.close(fig)
     fig = t.draw_side_by_side(t.rail_optimized(), t.rail_optimized(oversubscription=3), rows=2)

@@ -1,4 +1,5 @@
-"""Cluster drawings generated from a topology description: a server, a rack, racks + spine, PS vs decentralized.
+"""Cluster drawings generated from a topology description: a server, a rack, racks + spine, a server's NICs on rails,
+a rail-optimized fabric, parameter server vs all-reduce (no server).
 
 Taught in notebooks/02_cluster_architecture.ipynb. A description is plain data:
 ``{"title", "nodes": {id: {"kind", "label", "xy", "w"?}}, "edges": [{"a", "b", "kind"}], "groups": [...],
@@ -50,7 +51,8 @@ def server_8gpu(nvlink_label: str = "NVLink via NVSwitch", pcie_label: str = "PC
 
 def rack(n_servers: int = 4, gpus_per_server: int = 8, link_label: str = "server NICs to ToR",
          x0: float = 0.0, idx: int = 0) -> dict:
-    """A rack: n servers, each wired to the top-of-rack (ToR) switch."""
+    """A general-purpose rack: n servers, each wired to the rack's top-of-rack (ToR) switch. AI training fabrics are
+    usually rail-optimized instead (server_rails, rail_optimized): NIC i of every server to leaf i."""
     nodes, edges = {}, []
     tor = f"tor{idx}"
     nodes[tor] = _node("tor", f"ToR {idx}", x0 + (n_servers - 1) / 2, 1.3, 1.0)
@@ -58,7 +60,7 @@ def rack(n_servers: int = 4, gpus_per_server: int = 8, link_label: str = "server
         sid = f"r{idx}s{s}"
         nodes[sid] = _node("server", "server", x0 + s, 0, 0.85)
         edges.append({"a": sid, "b": tor, "kind": "network"})
-    title = f"a rack: {n_servers} servers of {gpus_per_server} GPUs behind a top-of-rack switch"
+    title = f"a general-purpose rack: {n_servers} servers of {gpus_per_server} GPUs behind one top-of-rack switch"
     return {"title": title, "nodes": nodes, "edges": edges,
             "groups": [{"label": f"rack {idx}", "members": list(nodes)}], "legend": {"network": link_label}}
 
@@ -81,6 +83,24 @@ def cluster(n_racks: int = 3, servers_per_rack: int = 3, n_spines: int = 2, gpus
     return {"title": f"a cluster: {n_racks} racks of {servers_per_rack} servers ({gpus_per_server} GPUs each) "
                      f"joined by {n_spines} spine switches", "nodes": nodes,
             "edges": edges, "groups": groups, "legend": {"network": server_link_label, "uplink": uplink_label}}
+
+
+def server_rails(gpus_per_server: int = 8, nic_label: str = "NIC i to leaf i (rail i)",
+                 pcie_label: str = "GPU to its own NIC (PCIe switch)") -> dict:
+    """One server fanned out over rails: GPU i's NIC goes to leaf switch i, so the server touches gpus_per_server
+    different leaves, and NIC i of every other server goes to the same leaf i."""
+    nodes, edges, members = {}, [], []
+    for g in range(gpus_per_server):
+        nodes[f"gpu{g}"] = _node("gpu", f"GPU {g}", g, 0, 0.8)
+        nodes[f"nic{g}"] = _node("nic", f"NIC {g}", g, 1.0, 0.8)
+        nodes[f"leaf{g}"] = _node("tor", f"leaf {g}", g, 2.5, 0.8)
+        members += [f"gpu{g}", f"nic{g}"]
+        edges += [{"a": f"gpu{g}", "b": f"nic{g}", "kind": "pcie"},
+                  {"a": f"nic{g}", "b": f"leaf{g}", "kind": "network"}]
+    return {"title": f"rail-optimized: one server's {gpus_per_server} NICs on {gpus_per_server} rails "
+                     "(leaf i = rail i)", "nodes": nodes, "edges": edges,
+            "groups": [{"label": "one server (every other server is wired the same way)", "members": members}],
+            "legend": {"pcie": pcie_label, "network": nic_label}}
 
 
 def rail_optimized(n_servers: int = 3, gpus_per_server: int = 4, oversubscription: int = 1,
@@ -127,14 +147,15 @@ def parameter_server(n_workers: int = 4, n_servers: int = 1) -> dict:
             "legend": {"push_pull": "push gradients / pull parameters"}}
 
 
-def decentralized(n_workers: int = 4) -> dict:
-    """Decentralized: no server; workers all-reduce gradients with their neighbours on a ring."""
+def ring_all_reduce(n_workers: int = 4) -> dict:
+    """All-reduce with no server: workers average gradients by passing chunks around a ring, and all end with the
+    same global average. (Not "decentralized": the course keeps that word for gossip, notebook 11.)"""
     nodes, r = {}, (n_workers - 1) / 2
     for w in range(n_workers):
         a = math.pi / 2 - 2 * math.pi * w / n_workers
         nodes[f"w{w}"] = _node("worker", f"worker {w}", r + r * math.cos(a), 0.8 + 0.8 * math.sin(a), 0.8)
     edges = [{"a": f"w{w}", "b": f"w{(w + 1) % n_workers}", "kind": "ring"} for w in range(n_workers)]
-    return {"title": "decentralized (ring all-reduce)", "nodes": nodes, "edges": edges, "groups": [],
+    return {"title": "all-reduce, no server (ring)", "nodes": nodes, "edges": edges, "groups": [],
             "legend": {"ring": "send to the next worker on the ring"}}
 
 
