@@ -19,6 +19,7 @@ from ._rank_setup import (
     init_group,
     leave_env_rendezvous,
     rss_bytes,
+    rules_after_own_init,
     to_cpu,
 )
 from .protocol import EXIT_OK, EXIT_RAISED, STARTED
@@ -53,6 +54,7 @@ def main(msg: dict, fds: list[int], life_fd: int) -> int:
             init_group(msg)
         else:
             host_env_rendezvous(msg)
+            rules_after_own_init(msg)
         times["init_s"] = time.perf_counter() - t0
         phase = "fn"
         os.write(res_fd, STARTED)

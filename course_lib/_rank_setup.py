@@ -76,6 +76,31 @@ def init_group(msg: dict) -> None:
     # the function and close its sockets while a slow peer is still connecting to it, and that peer fails with
     # "connectFullMesh failed ... Connection closed by peer" (seen under load).
     dist.barrier()
+    if msg.get("nccl_rules"):
+        from .nccl_rules import install
+
+        install(msg["rank"], msg["timeout"])
+
+
+def rules_after_own_init(msg: dict) -> None:
+    """With init=False, the NCCL-rules mode comes into force when the learner's init_process_group returns,
+    unless it named gloo: init_process_group() picks NCCL for GPU tensors on a GPU machine, "gloo" never does."""
+    if not msg.get("nccl_rules"):
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from .nccl_rules import install
+
+    own = c10d.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        own(*args, **kwargs)
+        backend = kwargs.get("backend", args[0] if args else None)
+        if not (isinstance(backend, str) and backend.lower() == "gloo"):  # an explicit gloo is gloo on purpose
+            install(dist.get_rank(), msg["timeout"])
+
+    c10d.init_process_group = dist.init_process_group = init_process_group
 
 
 def host_env_rendezvous(msg: dict) -> None:
@@ -113,7 +138,9 @@ def to_cpu(value):
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu() if value.device.type != "cpu" else value.detach()
+        value = value.detach().cpu() if value.device.type != "cpu" else value.detach()
+        # the NCCL-rules mode marks host tensors with a subclass that only the rank knows
+        return value if type(value) is torch.Tensor else value.as_subclass(torch.Tensor)
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(to_cpu(v) for v in value)
     if isinstance(value, dict) and type(value) is dict:

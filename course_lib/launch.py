@@ -34,6 +34,7 @@ import time
 from ._forkserver import get_server
 from .devices import LaunchError, plan
 from .machine_limits import check_platform, check_world_size
+from .nccl_rules import wanted
 from .protocol import DRAIN_S, SETUP_ATTEMPTS, STOP_GRACE_S, WATCH_SLACK_S
 from .rank_failure import RankFailure, first_of, resolve_frames
 from .rank_process import Escalation, RankProcess, end_ranks, payload, rank_preloads, spawn
@@ -187,7 +188,7 @@ def _check_call(fn, args, kwargs) -> None:
 
 def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto", timeout: float = 60.0,
         check_collectives: bool = False, init: bool = True, output: str = "live",
-        oversubscribe: bool = False) -> RunResult:
+        oversubscribe: bool = False, nccl_rules: bool | None = None) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return a RunResult (notebooks/00_start_here.ipynb).
 
     ``init=True`` joins the default process group first (gloo on CPU or NCCL on ``cuda:rank``) and destroys it
@@ -197,7 +198,8 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
     rank instead of hanging or returning garbage. ``timeout`` bounds every collective and the whole launch, in
     seconds. ``output``: "live" streams every rank's lines into the cell as they come, "grouped" prints them after
     the run in rank order, "none" only keeps them in the result. A world size beyond this machine's memory or
-    file descriptors is refused unless ``oversubscribe=True``.
+    file descriptors is refused unless ``oversubscribe=True``. ``nccl_rules=True`` (or COURSE_NCCL_RULES=1 for
+    every launch that did not choose backend="gloo") makes gloo ranks fail where NCCL would (course_lib/nccl_rules.py).
 
     The first rank to fail ends the launch: the others are stopped and RankFailed names that rank with its
     traceback. Past the timeout, RankTimeout names the ranks that had not finished. Interrupting the cell (Ctrl-C,
@@ -226,7 +228,8 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
         ) from None
 
     for attempt in range(1, SETUP_ATTEMPTS + 1):
-        launch = _launch_once(the_plan, fn_bytes, float(timeout), check_collectives, init, output)
+        launch = _launch_once(the_plan, fn_bytes, float(timeout), check_collectives, init, output,
+                              wanted(nccl_rules, backend, the_plan.backend))
         if attempt < SETUP_ATTEMPTS and launch.setup_failed():
             first = launch.failures[0]
             print(f"[course_lib] process-group setup failed on rank {first.rank} before your function started "
@@ -241,7 +244,7 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
             raise err.with_traceback(None) from None
 
 
-def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output) -> _Launch:
+def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output, rules=False) -> _Launch:
     """Start every rank, watch them through the phases, and make sure none is left, whatever happens."""
     server = get_server((*rank_preloads(), "course_lib._rank_main"))
     # The rendezvous is a FileStore in a private temporary folder: no port to collide with another kernel or
@@ -254,7 +257,8 @@ def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output) -
             for rank in range(the_plan.world_size):
                 launch.ranks.append(spawn(server, payload(
                     the_plan, rank, timeout=timeout, check_collectives=check_collectives,
-                    store_file=os.path.join(rdzv, "store"), entry="course_lib._rank_main", fn=fn_bytes, init=init)))
+                    store_file=os.path.join(rdzv, "store"), entry="course_lib._rank_main", fn=fn_bytes, init=init,
+                    nccl_rules=rules)))
             launch.watch()
         finally:
             end_ranks(launch.ranks, server)  # nothing to do after a normal end; after Ctrl-C or an error, the rest

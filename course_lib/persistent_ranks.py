@@ -21,6 +21,7 @@ from ._forkserver import get_server
 from .cell_result import CellResult, assemble
 from .devices import plan
 from .machine_limits import check_platform, check_world_size
+from .nccl_rules import wanted
 from .protocol import ASK_EXIT_S, CELL_SLACK_S, INTERRUPT_GRACE_S, SETUP_ATTEMPTS
 from .rank_channel import Channel, ok
 from .rank_process import end_ranks, payload, rank_preloads, spawn
@@ -33,11 +34,12 @@ class Ranks:
     """A persistent group of ``world_size`` ranks; each keeps its variables between cells (``run_cell``)."""
 
     def __init__(self, world_size: int = 4, backend: str = "auto", timeout: float = 30.0,
-                 check_collectives: bool = False, oversubscribe: bool = False):
+                 check_collectives: bool = False, oversubscribe: bool = False, nccl_rules: bool | None = None):
         check_platform()
         self.plan = plan(backend, world_size)  # refuses an impossible request before any process starts
         check_world_size(self.plan.world_size, oversubscribe)
         self.timeout, self.check = float(timeout), check_collectives
+        self.nccl_rules = wanted(nccl_rules, backend, self.plan.backend)
         self.channel: Channel | None = None
         self.broken = ""  # why the group cannot run cells any more ("" while it can)
         self._rdzv = None
@@ -84,7 +86,7 @@ class Ranks:
             for rank in range(self.world_size):
                 the_payload = payload(self.plan, rank, timeout=self.timeout, check_collectives=self.check,
                                       store_file=os.path.join(self._rdzv, "store"),
-                                      entry="course_lib._interactive_rank")
+                                      entry="course_lib._interactive_rank", nccl_rules=self.nccl_rules)
                 the_payload["env"]["MPLBACKEND"] = "Agg"  # ranks draw headless; their figures come back as PNGs
                 self.channel.procs.append(spawn(server, the_payload, persistent=True))
 

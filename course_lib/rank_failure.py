@@ -152,15 +152,17 @@ class RankFailure:
         inside torch below the learner's last one are summed up in a line (all of them are in ``.traceback``)."""
         if not self.frames:
             return self.traceback
-        own = [i for i, f in enumerate(self.frames) if not _in_torch(f[0])]
-        keep = self.frames[: own[-1] + 1] if own else self.frames
+        # the NCCL-rules mode's own frames (its checks) teach nothing: the learner's call above them is the story
+        frames = [f for f in self.frames if not f[0].endswith(("nccl_rules.py", "nccl_order.py"))]
+        own = [i for i, f in enumerate(frames) if not _in_torch(f[0])]
+        keep = frames[: own[-1] + 1] if own else frames
         lines = [f"Traceback of rank {self.rank} (most recent call last):"]
         for filename, lineno, name, line in keep:
             lines.append(f'  File "{filename}", line {lineno}, in {name}')
             line = line or linecache.getline(filename, lineno or 0).strip()
             if line:
                 lines.append(f"    {line}")
-        inside = self.frames[len(keep):]
+        inside = frames[len(keep):]
         if inside:
             lines.append(f"  ... then {len(inside)} frame{'s' if len(inside) > 1 else ''} inside torch, down to "
                          f"{inside[-1][2]}() in {inside[-1][0].replace(chr(92), '/').rsplit('/', 1)[-1]}")

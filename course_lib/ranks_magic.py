@@ -30,7 +30,8 @@ def _parse_ranks(text: str):
 
 
 def ranks_magic(line: str, cell: str | None = None):
-    """%ranks start [N] [--backend B] [--timeout S] [--check] | stop | restart | pull NAME [ranks] | status;
+    """%ranks start [N] [--backend B] [--timeout S] [--check] [--nccl-rules] | stop | restart | pull NAME [ranks]
+    | status;
     %%ranks [ranks] [--catch] runs the cell on those ranks (default all)."""
     global _current
     if cell is not None:
@@ -49,17 +50,19 @@ def ranks_magic(line: str, cell: str | None = None):
     if cmd == "start":
         opts = {"--backend": "auto", "--timeout": "30"}
         n = int(args.pop(0)) if args and args[0].isdigit() else 4
-        check = "--check" in args
-        args = [a for a in args if a != "--check"]
+        check, rules = "--check" in args, ("--nccl-rules" in args) or None
+        args = [a for a in args if a not in ("--check", "--nccl-rules")]
         for key, value in zip(args[::2], args[1::2]):
             if key not in opts:
-                raise ValueError(f"%ranks start knows --backend, --timeout and --check; got {key!r}")
+                raise ValueError(f"%ranks start knows --backend, --timeout, --check and --nccl-rules; got {key!r}")
             opts[key] = value
         if _current is not None:
             _current.stop()
-        _current = Ranks(n, opts["--backend"], float(opts["--timeout"]), check).start()
+        _current = Ranks(n, opts["--backend"], float(opts["--timeout"]), check, nccl_rules=rules).start()
         g = _current
-        print(f"{n} ranks ready: backend {g.plan.backend}, devices {', '.join(g.plan.devices)}, collective timeout "
+        mode = " under NCCL rules" if g.nccl_rules else ""
+        print(f"{n} ranks ready: backend {g.plan.backend}{mode}, devices {', '.join(g.plan.devices)}, "
+              "collective timeout "
               f"{g.timeout:g} s (started in {g.start_s:.2f} s). In every rank: rank, world_size, device, torch, dist.")
         return None
     if _current is None:

@@ -31,6 +31,14 @@ def after_cell(failures, stuck: list[int], timeout: float, slack: float) -> Verd
     if any(f.kind != "raised" for f in failures):
         return Verdict(broken="a rank's process died",
                        note="A rank's process died, so the group cannot go on: " + RESTART)
+    stranded = sorted(f.rank for f in failures if f.etype == "NcclRuleBroken" and "'p2p-order'" in f.message)
+    if stranded:
+        # the mode raised while gloo still held the posted sends and receives of the cycle: a later cell's message
+        # between those ranks would be matched with them
+        return Verdict(broken=f"{names(stranded)} left sends or receives posted when the NCCL rules stopped them",
+                       note=("The NCCL rules stopped a cycle of waiting ranks; their posted sends and receives are "
+                             "still pending in gloo and would catch a later cell's messages. The group is marked "
+                             "broken: " + RESTART))
     timed_out = sorted(f.rank for f in failures
                        if f.etype != "KeyboardInterrupt" and any(sign in f.message for sign in BROKEN_BY))
     if timed_out:

@@ -29,8 +29,11 @@ class RankFailed(RuntimeError):
         out = []
         if running:
             were = "was" if len(running) == 1 else "were"
-            out.append(f"{names(running).capitalize()} {were} still running when it failed (stopped since). A "
-                       "rank that never reaches the matching collective keeps its peers waiting.")
+            # a broken NCCL rule is its own story; the waiting-peer sentence is for timeouts and exceptions
+            ruled = self.failure.etype == "NcclRuleBroken" or "NcclRuleBroken: " in self.failure.message
+            why = "" if ruled else (
+                " A rank that never reaches the matching collective keeps its peers waiting.")
+            out.append(f"{names(running).capitalize()} {were} still running when it failed (stopped since).{why}")
         if returned:
             out.append(f"{names(returned).capitalize()} had returned from the function and waited for the others "
                        "at the end, until the timeout.")

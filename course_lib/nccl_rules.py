@@ -1,0 +1,410 @@
+"""NCCL-rules mode: on gloo ranks, a torch.distributed call that NCCL would refuse, or that would hang there, fails.
+
+``run(fn, 4, nccl_rules=True)``, ``%ranks start 4 --nccl-rules`` or ``COURSE_NCCL_RULES=1`` install it in every rank
+after the group is joined; notebooks/04_point_to_point.ipynb teaches it. Each rule below was checked in torch 2.13's
+sources (distributed_c10d.py, ProcessGroupNCCL.cpp) or NCCL's documentation; docs/ARCHITECTURE.md lists them with
+what the mode does not see. Code that obeys the rules gets the same numbers with and without the mode: the calls
+go to gloo unchanged, except that a rank's calls on one group are made to complete in issue order (nccl_order.py)
+and send/recv tags are matched in that order, as NCCL does. Groups made with ``new_group(backend="gloo")`` and
+launches with an explicit ``backend="gloo"`` are gloo-only by design and left alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+
+from .nccl_order import Order, Unit, Waited, in_torch, learner_line
+
+ENV = "COURSE_NCCL_RULES"
+
+# rule -> (what NCCL does, its source, the fix)
+RULES = {
+    "p2p-order": ("a rank's unbatched sends, receives and collectives on one group run in the order it issued them, "
+                  "and ncclSend/ncclRecv block the GPU until their peer's matching call",
+                  "NCCL API docs, ncclSend/ncclRecv: 'If multiple ncclSend() and ncclRecv() operations need to "
+                  "progress concurrently to complete, they must be fused within a ncclGroupStart()/ncclGroupEnd()'; "
+                  "ProcessGroupNCCL::pointToPoint with device_id: 'unbatched P2P ops ... are serialized with all "
+                  "other ops on this ProcessGroup'",
+                  "post the step's sends and receives together with dist.batch_isend_irecv([...]), or order them "
+                  "so that no rank waits on a peer that waits on it (even ranks send first)"),
+    "first-batch": ("if batch_isend_irecv is the first call on a group, every rank of the group must make it",
+                    "torch 2.13 docstring of torch.distributed.batch_isend_irecv",
+                    "make the first call on the group one that every rank makes (a barrier, or the batch on all)"),
+    "reduce-op": ("ProcessGroupNCCL has no bitwise reductions: BAND, BOR and BXOR are refused",
+                  "ProcessGroupNCCL.cpp, getNcclReduceOp: 'Cannot use ReduceOp.BAND with NCCL' (gloo allows them "
+                  "on integers)",
+                  "use MAX/MIN on 0/1 tensors for and/or, or SUM and a parity for xor"),
+    "any-source": ("ProcessGroupNCCL cannot receive from any source",
+                   "ProcessGroupNCCL::recvAnysource: 'ProcessGroupNCCL does not support recvAnysource'",
+                   "name the sender: dist.recv(t, src=...)"),
+    "host-tensor": ("a group made for NCCL moves only tensors on the GPU; a CPU tensor is refused",
+                    "c10d ProcessGroup::getBackend: 'No backend type associated with device type cpu'; "
+                    "ProcessGroupNCCL's check_gpu_single_tensor: 'Tensors must be CUDA and dense'",
+                    "create it on the rank's device: torch.ones(4, device=device()) (course_lib.device), "
+                    "or move it with .to(device())"),
+    "dtype": ("ProcessGroupNCCL maps only some dtypes to NCCL types (no int16, no unsigned types wider than 8 bits)",
+              "NCCLUtils.hpp, the ncclDataType table: 'Input tensor data type is not supported for NCCL process "
+              "group'",
+              "send a supported dtype (float32, float16, bfloat16, float64, int8, uint8, int32, int64, bool)"),
+    "monitored-barrier": ("monitored_barrier exists only on gloo",
+                          "torch 2.13 docstring of monitored_barrier: 'only supported with the GLOO backend'",
+                          "use dist.barrier(), or a gloo group made for it: dist.new_group(backend='gloo')"),
+    "tags": ("NCCL ignores send/recv tags and matches a pair's messages in the order they were issued",
+             "ProcessGroupNCCL::send and ::recv take the tag as an unused argument",
+             "receive a peer's messages in the order it sent them, or tell them apart by content"),
+}
+
+_BAD_OPS = ("BAND", "BOR", "BXOR")
+# dtypes NCCLUtils.hpp's ncclDataType table maps (torch 2.13); anything else raises there
+_NCCL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool",
+                "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz")
+_FACTORIES = ("ones", "zeros", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
+              "eye", "tensor", "as_tensor", "from_numpy")
+_COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
+                "all_reduce_coalesced", "all_gather_coalesced")
+
+
+class NcclRuleBroken(RuntimeError):
+    """A call that NCCL would refuse or that would hang there; the message names the rule, its source and the fix."""
+
+
+class _State:
+    rank = 0
+    order: Order | None = None
+    depth = 0                     # >0 while torch itself calls a collective inside one we wrapped
+    original: dict = {}
+    gloo_groups: set = set()      # groups made with backend="gloo" on purpose
+    first: dict = {}              # group -> name of this rank's first call on it
+    timeout = 60.0
+
+
+def _error(rule: str, detail: str) -> NcclRuleBroken:
+    what, source, fix = RULES[rule]
+    return NcclRuleBroken(f"NCCL rule '{rule}' on rank {_State.rank}: {detail}. On NCCL, {what} ({source}). "
+                          f"Fix: {fix}.")
+
+
+def wanted(flag: bool | None, backend: str, chosen: str) -> bool:
+    """On for gloo ranks when asked for, or by COURSE_NCCL_RULES=1 unless the cell chose gloo on purpose."""
+    if chosen != "gloo" or flag is False:
+        return False  # real NCCL ranks need no emulation
+    if flag:
+        return True
+    return os.environ.get(ENV, "") not in ("", "0") and str(backend).lower() != "gloo"
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+# ---- host tensors: a CPU tensor that would still be on the CPU on a GPU machine --------------------------------
+
+_host_cls: list = []
+_AS_PLAIN = ("__repr__", "__str__", "__format__", "__reduce_ex__", "__deepcopy__", "tolist", "numpy", "item")
+
+
+def _host_class():
+    """HostTensor: made by a factory without device=; what is computed from host tensors alone stays one."""
+    if not _host_cls:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        class HostTensor(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = getattr(func, "__name__", "")
+                if name in _AS_PLAIN:  # printing, pickling, leaving torch: exactly as a plain tensor does
+                    return func(_plain(args[0]), *args[1:], **kwargs)
+                with torch._C.DisableTorchFunctionSubclass():
+                    out = func(*args, **kwargs)
+                if name in ("to", "cuda") and (len(args) > 1 or "device" in kwargs):
+                    return _plain(out)  # moved to the rank's device
+                inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+                # On a GPU, an op with any tensor on the device (a 0-dim CPU scalar aside) runs on the device.
+                if any(type(a) is not cls and a.dim() > 0 for a in inputs):
+                    return out
+                made = next((a._made_at for a in inputs if type(a) is cls), "a factory")
+                if isinstance(out, torch.Tensor) and type(out) is not cls:
+                    out = out.as_subclass(cls)
+                    out._made_at = made
+                elif isinstance(out, (tuple, list)) and type(out) in (tuple, list):
+                    out = type(out)(_mark(o, cls, made) for o in out)
+                return out
+
+        _host_cls.append(HostTensor)
+    return _host_cls[0]
+
+
+def _mark(t, cls, made):
+    import torch
+
+    if isinstance(t, torch.Tensor) and type(t) is torch.Tensor:
+        t = t.as_subclass(cls)
+        t._made_at = made
+    return t
+
+
+def _plain(x):
+    import torch
+
+    if isinstance(x, torch.Tensor) and _host_cls and type(x) is _host_cls[0]:
+        return x.as_subclass(torch.Tensor)
+    return x
+
+
+def _factory(name: str, orig):
+    def made(*args, **kwargs):
+        t = orig(*args, **kwargs)
+        caller = sys._getframe(1).f_code.co_filename
+        explicit_cpu = kwargs.get("device") == "cpu"
+        if ((kwargs.get("device") is None or explicit_cpu) and not t.requires_grad and t.device.type == "cpu"
+                and not in_torch(caller)):
+            t = t.as_subclass(_host_class())
+            t._made_at = f"torch.{name}(...) in {learner_line()}"
+        return t
+
+    made.__wrapped__ = orig
+    return made
+
+
+def _check_tensors(name: str, tensors) -> None:
+    import torch
+
+    host = _host_cls[0] if _host_cls else None
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if host is not None and isinstance(t, host):
+            raise _error("host-tensor", f"dist.{name} got a tensor made on the CPU by {t._made_at}")
+        dtype = str(t.dtype).replace("torch.", "")
+        if dtype not in _NCCL_DTYPES and not t.is_complex():  # torch sends complex tensors as pairs of reals
+            raise _error("dtype", f"dist.{name} got a {dtype} tensor")
+
+
+def _tensors_of(arguments: dict) -> list:
+    out = []
+    for value in arguments.values():
+        if isinstance(value, (list, tuple)):
+            out += [v for v in value if hasattr(v, "dtype")]
+        elif hasattr(value, "dtype"):
+            out.append(value)
+    return out
+
+
+# ---- groups -------------------------------------------------------------------------------------------------------
+
+def _group_info(group):
+    dist = _dist()
+    g = group if group is not None else dist.group.WORLD
+    return g.group_name, dist.get_process_group_ranks(g)
+
+
+def _left_alone(group) -> bool:
+    dist = _dist()
+    if group is not None and group == dist.GroupMember.NON_GROUP_MEMBER:
+        return True
+    return group is not None and group.group_name in _State.gloo_groups
+
+
+def _first_call(gname: str, members, name: str) -> None:
+    """Rule first-batch: this rank's first call on each group is published; a first batch checks every member's."""
+    if gname in _State.first:
+        return
+    _State.first[gname] = name
+    store = _State.order.store
+    store.set(f"course_nccl_rules/first/{gname}/{_State.rank}", name)
+    if name != "batch_isend_irecv":
+        return
+    import time
+
+    keys = {m: f"course_nccl_rules/first/{gname}/{m}" for m in members}
+    end = time.monotonic() + _State.timeout
+    while not all(store.check([k]) for k in keys.values()):
+        if time.monotonic() > end:
+            missing = [m for m, k in keys.items() if not store.check([k])]
+            raise _error("first-batch", f"ranks {missing} made no call on the group within {_State.timeout:.0f} s")
+        time.sleep(0.01)
+    others = {m: store.get(k).decode() for m, k in keys.items()}
+    wrong = {m: n for m, n in others.items() if n != "batch_isend_irecv"}
+    if wrong:
+        said = ", ".join(f"rank {m} made dist.{n} first" for m, n in sorted(wrong.items()))
+        raise _error("first-batch", f"this rank's first call on the group was dist.batch_isend_irecv, but {said}")
+
+
+# ---- the wrappers ---------------------------------------------------------------------------------------------------
+
+def _collective(name: str, orig):
+    sig = inspect.signature(orig)
+
+    def checked(*args, **kwargs):
+        if _State.depth:
+            return orig(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
+        a = bound.arguments
+        if _left_alone(a.get("group")):
+            return orig(*args, **kwargs)
+        op = a.get("op")
+        if op is not None and getattr(op, "name", str(op)).split(".")[-1] in _BAD_OPS:
+            raise _error("reduce-op", f"dist.{name} was called with {op}")
+        _check_tensors(name, _tensors_of(a))
+        gname, members = _group_info(a.get("group"))
+        if _State.rank not in members:
+            return orig(*args, **kwargs)
+        _first_call(gname, members, name)
+        order = _State.order
+        order.before_post(gname)
+        k = order.count(f"c{gname}")
+        needs = [(m, f"c{gname}", k) for m in members if m != _State.rank]
+        wanted_async = bool(a.get("async_op", False))
+        bound.arguments["async_op"] = True
+        _State.depth += 1
+        try:
+            work = orig(*bound.args, **bound.kwargs)
+        finally:
+            _State.depth -= 1
+        order.after_post(gname, Unit([work], needs, f"dist.{name}", learner_line()), blocking=not wanted_async)
+        return work if wanted_async else None
+
+    checked.__wrapped__ = orig
+    return checked
+
+
+def _p2p(name: str, orig, sending: bool, blocking: bool):
+    sig = inspect.signature(orig)
+
+    def checked(*args, **kwargs):
+        if _State.depth:
+            return orig(*args, **kwargs)
+        a = sig.bind(*args, **kwargs).arguments
+        group = a.get("group")
+        if _left_alone(group):
+            return orig(*args, **kwargs)
+        dist, side = _dist(), ("dst" if sending else "src")
+        peer = a.get(side)
+        if a.get(f"group_{side}") is not None:
+            peer = dist.get_global_rank(group, a[f"group_{side}"])
+        if peer is None:
+            raise _error("any-source", f"dist.{name} was called without src")
+        tensor = a["tensor"]
+        _check_tensors(name, [tensor])
+        gname, members = _group_info(group)
+        _first_call(gname, members, name)
+        order, where, call = _State.order, learner_line(), f"dist.{name}({side}={peer})"
+        order.before_post(gname)
+        k = order.count(f"{'s' if sending else 'r'}{peer}")
+        needs = [(peer, f"{'r' if sending else 's'}{_State.rank}", k)]
+        unit = Unit([_post(sending, tensor, peer, group, a.get("tag", 0), k)], needs, call, where)
+        if not sending:
+            unit.on_done = lambda: _check_tag(peer, k, a.get("tag", 0), call, where)
+        order.after_post(gname, unit, blocking)
+        if blocking:
+            return peer if not sending else None
+        return unit.works[0]
+
+    checked.__wrapped__ = orig
+    return checked
+
+
+def _post(sending: bool, tensor, peer: int, group, tag: int, k: int):
+    """Post a p2p call with tag 0, so gloo matches a pair's messages in order, as NCCL does; remember the tag."""
+    if sending and tag:
+        _State.order.store.set(f"course_nccl_rules/tag/{_State.rank}/{peer}/{k}", str(tag))
+    post = _State.original["isend" if sending else "irecv"]
+    return Waited(post(tensor, peer, group, 0))
+
+
+def _check_tag(peer: int, k: int, tag: int, call: str, where: str) -> None:
+    store, key = _State.order.store, f"course_nccl_rules/tag/{peer}/{_State.rank}/{k}"
+    sent = int(store.get(key)) if store.check([key]) else 0
+    if sent != tag:
+        raise _error("tags", f"{call} with tag={tag} ({where}) received rank {peer}'s message number {k}, "
+                     f"which it sent with tag={sent}")
+
+
+def _batch(orig):
+    def checked(p2p_op_list):
+        if _State.depth or not p2p_op_list or _left_alone(p2p_op_list[0].group):
+            return orig(p2p_op_list)
+        dist = _dist()
+        gname, members = _group_info(p2p_op_list[0].group)
+        _first_call(gname, members, "batch_isend_irecv")
+        order, where = _State.order, learner_line()
+        order.before_post(gname)
+        needs, ops, checks = [], [], []
+        for p in p2p_op_list:
+            sending = p.op is dist.isend
+            _check_tensors("batch_isend_irecv", [p.tensor])
+            k = order.count(f"{'s' if sending else 'r'}{p.peer}")
+            needs.append((p.peer, f"{'r' if sending else 's'}{_State.rank}", k))
+            if sending and p.tag:
+                order.store.set(f"course_nccl_rules/tag/{_State.rank}/{p.peer}/{k}", str(p.tag))
+            elif not sending:
+                checks.append((p.peer, k, p.tag))
+            ops.append(dist.P2POp(p.op, p.tensor, p.peer, p.group, 0))
+        _State.depth += 1
+        try:
+            works = [Waited(w) for w in orig(ops)]
+        finally:
+            _State.depth -= 1
+        unit = Unit(works, needs, "dist.batch_isend_irecv", where)
+        unit.on_done = lambda: [_check_tag(q, k, t, "dist.batch_isend_irecv", where) for q, k, t in checks]
+        order.after_post(gname, unit, blocking=False)
+        return works
+
+    checked.__wrapped__ = orig
+    return checked
+
+
+def _monitored_barrier(orig):
+    def checked(group=None, *args, **kwargs):
+        if not _left_alone(group):
+            raise _error("monitored-barrier", "dist.monitored_barrier was called")
+        return orig(group, *args, **kwargs)
+
+    checked.__wrapped__ = orig
+    return checked
+
+
+def _new_group(orig):
+    def checked(*args, **kwargs):
+        group = orig(*args, **kwargs)
+        backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
+        made = group is not None and hasattr(group, "group_name")
+        if made and isinstance(backend, str) and backend.lower() == "gloo":
+            _State.gloo_groups.add(group.group_name)
+        return group
+
+    checked.__wrapped__ = orig
+    return checked
+
+
+def install(rank: int, timeout: float) -> None:
+    """Put the rules in force in this rank (after the course joined the group; its own barrier is not counted)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if _State.original:
+        return
+    _State.rank, _State.timeout = rank, timeout
+    _State.order = Order(rank, c10d._get_default_store(), timeout + 5, _error)
+    wrapped = {name: _collective(name, getattr(c10d, name)) for name in _COLLECTIVES}
+    wrapped.update(send=_p2p("send", c10d.send, True, True), recv=_p2p("recv", c10d.recv, False, True),
+                   isend=_p2p("isend", c10d.isend, True, False), irecv=_p2p("irecv", c10d.irecv, False, False),
+                   batch_isend_irecv=_batch(c10d.batch_isend_irecv),
+                   monitored_barrier=_monitored_barrier(c10d.monitored_barrier), new_group=_new_group(c10d.new_group))
+    for name, fn in wrapped.items():
+        _State.original[name] = getattr(c10d, name)
+        setattr(c10d, name, fn)
+        if getattr(dist, name, None) is _State.original[name]:
+            setattr(dist, name, fn)
+    for name in _FACTORIES:
+        orig = getattr(torch, name)
+        _State.original[f"torch.{name}"] = orig
+        setattr(torch, name, _factory(name, orig))
