@@ -53,8 +53,10 @@ def _both_directions(x, t):
     rank, p = dist.get_rank(), dist.get_world_size()
     hop = 2 ** (t % (p - 1).bit_length())
     left, right = torch.empty_like(x), torch.empty_like(x)
-    reqs = [dist.irecv(left, (rank - hop) % p), dist.irecv(right, (rank + hop) % p),
-            dist.isend(x, (rank + hop) % p), dist.isend(x, (rank - hop) % p)]
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.irecv, left, (rank - hop) % p),
+                                   dist.P2POp(dist.irecv, right, (rank + hop) % p),
+                                   dist.P2POp(dist.isend, x, (rank + hop) % p),
+                                   dist.P2POp(dist.isend, x, (rank - hop) % p)])
     for r in reqs:
         r.wait()
     return (x + left) / 2

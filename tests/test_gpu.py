@@ -235,3 +235,46 @@ def test_fsdp_x_tp_and_hsdp_on_a_gpu_mesh_train_to_single_process_sgd():
         ref, _ = train_single(workers, 5, 16, lr=0.1, hidden=64, dtype=torch.float64)
         for rank, v in enumerate(res.values):
             assert max_diff(v[i]["params"], ref) < sgd_atol(5, 0.1, 16 * workers, 64, torch.float64), rank
+
+
+def _gossip_and_rings_on_gpus(batched):
+    """What the NCCL-rules mode found: a ring of unbatched irecv-then-isend hangs on NCCL; the course's fixes."""
+    import torch.distributed as dist
+
+    from course_lib.collectives import ring_all_reduce
+    from course_lib.training.gossip import gossip_round
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    x = torch.full((6,), float(r), device=device())
+    got = torch.empty_like(x)
+    if batched:
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, (r - 1) % p),
+                                        dist.P2POp(dist.isend, x, (r + 1) % p)])
+    else:
+        works = [dist.irecv(got, (r - 1) % p), dist.isend(x, (r + 1) % p)]
+    for w in works:
+        w.wait()
+    if not batched:
+        return got
+    g = gossip_round(x.clone(), "ring")
+    s = ring_all_reduce(torch.arange(7.0, device=device()) * (r + 1))
+    return got, g, s
+
+
+@pytest.mark.skipif(GPUS < 3, reason="a ring that can form a cycle needs three GPUs")
+def test_the_gossip_ring_and_the_course_ring_run_on_nccl_and_the_unbatched_ring_hangs():
+    from course_lib.results import RankFailed
+
+    p = min(GPUS, 4)
+    vals = run(_gossip_and_rings_on_gpus, p, args=(True,), backend="nccl", timeout=120, output="none").values
+    from course_lib.training.gossip import in_neighbours
+
+    for r, (got, g, s) in enumerate(vals):
+        assert torch.equal(got, torch.full((6,), float((r - 1) % p)))
+        srcs = in_neighbours("ring", p, r)  # gossip keeps an equal share of itself and of each in-neighbour
+        want = (r + sum(srcs)) / (len(srcs) + 1)
+        assert torch.allclose(g, torch.full((6,), float(want)))  # a few small whole numbers: rounding only
+        assert torch.equal(s, torch.arange(7.0) * p * (p + 1) / 2)  # whole numbers: exact in any order
+    # the pattern the mode refuses on gloo: NCCL serialises it on the group's stream and it never completes
+    with pytest.raises(RankFailed):
+        run(_gossip_and_rings_on_gpus, p, args=(False,), backend="nccl", timeout=20, output="none")

@@ -72,7 +72,7 @@ def test_14_2_rejects_orders_that_hold_too_much_deadlock_or_idle(wrong, message)
 
 def _no_flag_exchange(stage, lr, scaler):      # decides on its own stage's gradients only
     found = not all(torch.isfinite(q.grad).all() for q in stage.parameters())
-    dist.all_reduce(torch.zeros(1))
+    dist.all_reduce(torch.zeros(1, device=stage.weight.device))
     if found:
         scaler["scale"] *= 0.5
         scaler["good_steps"] = 0

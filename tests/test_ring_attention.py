@@ -117,7 +117,8 @@ def ring(q, k, v):
         src = (rank - step) % p
         if step < p - 1:
             nxt = torch.empty_like(kv)
-            reqs = [dist.isend(kv, (rank + 1) % p), dist.irecv(nxt, (rank - 1) % p)]
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % p),
+                                           dist.P2POp(dist.irecv, nxt, (rank - 1) % p)])
         k_pos = positions(src, p, seq, "zigzag")
         s = (q @ kv[0].T / math.sqrt(q.shape[-1])).masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
         if not torch.isinf(s).all():
@@ -145,7 +146,8 @@ def ring(q, k, v):
         blocks.append((kv, positions((rank - step) % p, p, seq, "zigzag")))
         if step < p - 1:
             nxt = torch.empty_like(kv)
-            for req in [dist.isend(kv, (rank + 1) % p), dist.irecv(nxt, (rank - 1) % p)]:
+            for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % p),
+                                               dist.P2POp(dist.irecv, nxt, (rank - 1) % p)]):
                 req.wait()
             kv = nxt
     keys, values = torch.cat([b[0][0] for b in blocks]), torch.cat([b[0][1] for b in blocks])

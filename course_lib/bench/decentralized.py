@@ -170,7 +170,7 @@ def compare(names=MAIN, workers: int = 4, loss_steps: int = 192, repeats: int = 
 def _hops(repeats: int) -> list[float]:
     """Run on every rank: seconds of each of `repeats` ring all-reduces of 4 floats, no link emulated."""
     torch.set_num_threads(1)
-    x = torch.zeros(4)
+    x = torch.zeros(4, device=device())
     out = []
     for _ in range(repeats):
         dist.barrier()

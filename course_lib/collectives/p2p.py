@@ -22,23 +22,31 @@ class Traffic:
     messages_sent: int = 0
 
 
+def post_together(sends=(), recvs=()) -> list:
+    """Post sends [(tensor, dst)] and receives [(tensor, src)] as one group with dist.batch_isend_irecv.
+
+    On NCCL a rank's unbatched sends and receives run one after another and each waits for its peer, so a ring
+    of isend-then-irecv deadlocks (notebook 04, the NCCL-rules mode); a batch is ncclGroupStart/End. Empty
+    tensors are skipped on both sides (both sides know the sizes), as no bytes move.
+    """
+    ops = [dist.P2POp(dist.irecv, t, src) for t, src in recvs if t is not None and t.numel()]
+    ops += [dist.P2POp(dist.isend, t, dst) for t, dst in sends if t is not None and t.numel()]
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
 def exchange(send: torch.Tensor | None = None, dst: int | None = None, recv: torch.Tensor | None = None,
              src: int | None = None, traffic: Traffic | None = None) -> None:
     """Send `send` to rank `dst` and receive into `recv` from rank `src` at the same time, then wait for both.
 
-    Both are posted before either is waited on, so a ring where every rank sends right and receives left cannot
-    deadlock. Empty tensors are skipped on both sides (both sides know the chunk sizes), as no bytes move.
+    Both are posted together (post_together), so a ring where every rank sends right and receives left cannot
+    deadlock, on gloo or NCCL.
     """
-    reqs = []
-    if recv is not None and recv.numel():
-        reqs.append(dist.irecv(recv, src))
-    if send is not None and send.numel():
-        reqs.append(dist.isend(send, dst))
-        if traffic is not None:
-            traffic.bytes_sent += send.numel() * send.element_size()
-            traffic.messages_sent += 1
-    for r in reqs:
-        r.wait()
+    works = post_together([(send, dst)] if send is not None else [], [(recv, src)] if recv is not None else [])
+    if traffic is not None and send is not None and send.numel():
+        traffic.bytes_sent += send.numel() * send.element_size()
+        traffic.messages_sent += 1
+    for w in works:
+        w.wait()
     if traffic is not None and recv is not None:
         traffic.bytes_recv += recv.numel() * recv.element_size()
 

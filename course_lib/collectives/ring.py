@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .p2p import Traffic, exchange, finish, flat_work, reducer
+from .p2p import Traffic, exchange, finish, flat_work, post_together, reducer
 from .trace import Trace
 
 
@@ -36,9 +36,9 @@ def _pieces(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
 def _reduce_scatter(flat, bounds, op, traffic, trace) -> None:
     """p-1 steps; afterwards chunk r of rank r holds the reduction of every rank's chunk r.
 
-    Within a step the chunk moves in segments of at most SEGMENT_BYTES, two receives in flight: adding one
-    segment overlaps receiving the next, and the segment just received is still in the CPU cache when added.
-    Same bytes, same steps as sending the chunk whole (the notebook's version); only faster for big tensors.
+    Within a step the chunk moves in segments of at most SEGMENT_BYTES, each sent and received as one batch
+    (post_together: on NCCL unbatched sends and receives would deadlock the ring) into a two-slot buffer. Same
+    bytes, same steps as sending the chunk whole (the notebook's version).
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     combine = reducer(op)
@@ -49,21 +49,14 @@ def _reduce_scatter(flat, bounds, op, traffic, trace) -> None:
         # Shifted by one so the chunk finished last is chunk r, as in torch's reduce_scatter.
         out_c, in_c = (rank - s - 1) % p, (rank - s - 2) % p
         (olo, ohi), (ilo, ihi) = bounds[out_c], bounds[in_c]
-        sends = [dist.isend(flat[a:b], right) for a, b in _pieces(olo, ohi, seg)]
-        pieces = _pieces(ilo, ihi, seg)
-
-        def post(k):
-            a, b = pieces[k]
-            return dist.irecv(tmp[(k % 2) * seg:(k % 2) * seg + (b - a)], left)
-
-        pending = [post(k) for k in range(min(2, len(pieces)))]
-        for k, (a, b) in enumerate(pieces):
-            pending[k].wait()
-            combine(flat[a:b], tmp[(k % 2) * seg:(k % 2) * seg + (b - a)])
-            if k + 2 < len(pieces):
-                pending.append(post(k + 2))
-        for w in sends:
-            w.wait()
+        sends, pieces = _pieces(olo, ohi, seg), _pieces(ilo, ihi, seg)
+        for k in range(max(len(sends), len(pieces))):
+            out = [(flat[a:b], right) for a, b in sends[k:k + 1]]
+            slot = [(tmp[(k % 2) * seg:(k % 2) * seg + (b - a)], left) for a, b in pieces[k:k + 1]]
+            for w in post_together(out, slot):
+                w.wait()
+            for (a, b), (buf, _) in zip(pieces[k:k + 1], slot):
+                combine(flat[a:b], buf)
         if traffic is not None:
             es = flat.element_size()
             traffic.bytes_sent += (ohi - olo) * es

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
+from ..collectives.p2p import post_together
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
@@ -155,13 +156,13 @@ def rounds_to_consensus(w: torch.Tensor, eps: float) -> float:
 
 
 def gossip_round(x: torch.Tensor, topology: str, step: int = 0) -> torch.Tensor:
-    """One gossip round in place: send x to every out-neighbour, receive each in-neighbour's x (isend/irecv, all
-    posted before any wait, so no ordering can deadlock), then x <- (x + sum of received) / (d + 1)."""
+    """One gossip round in place: send x to every out-neighbour, receive each in-neighbour's x (one
+    dist.batch_isend_irecv: posted one by one, irecv before isend on every rank deadlocks on NCCL), then
+    x <- (x + sum of received) / (d + 1)."""
     rank, p = dist.get_rank(), dist.get_world_size()
     dsts, srcs = out_neighbours(topology, p, rank, step), in_neighbours(topology, p, rank, step)
     inbox = [torch.empty_like(x) for _ in srcs]
-    reqs = [dist.irecv(buf, src) for buf, src in zip(inbox, srcs)]
-    reqs += [dist.isend(x, dst) for dst in dsts]
+    reqs = post_together([(x, dst) for dst in dsts], list(zip(inbox, srcs)))
     for r in reqs:
         r.wait()
     for buf in inbox:

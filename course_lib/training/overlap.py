@@ -183,7 +183,7 @@ def balanced_link(depth: int = 6, width: int = 512, batch_size: int = 256, alpha
         start = time.perf_counter()
         loss.backward()
         times.append(time.perf_counter() - start)
-    slowest = torch.tensor([min(times)])
+    slowest = torch.tensor([min(times)], device=device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     p = dist.get_world_size()
     layer_bytes = (width * width + width) * 4

@@ -138,43 +138,49 @@ def make_stage(p: int, rank: int, layers: int = 8, hidden: int = 256, fwd_s: flo
     """Rank `rank`'s stage of make_deep_mlp cut into p: every rank builds the same model (same seed), keeps its part."""
     model = make_deep_mlp(layers, hidden)
     start, end = stage_bounds(model, p)[rank]
-    return Stage(nn.Sequential(*list(model)[start:end]), fwd_s, meter)
+    stage = Stage(nn.Sequential(*list(model)[start:end]), fwd_s, meter)
+    # One process group per direction (every rank calls new_group, in the same order): NCCL runs a group's
+    # sends and receives in issue order on its own stream, so activations going forward must not wait behind
+    # gradients coming back, or two stages that send to each other wait for ever (notebook 04, section 6).
+    stage.fwd, stage.bwd = dist.new_group(), dist.new_group()
+    return stage
 
 
 # ---------------------------------------------------------------------------------------------- one step on ranks
 def forward_one(stage: Stage, i: int, xs, ys, m: int, saved: dict, sends: list) -> float | None:
     """Micro-batch i's forward on this stage: receive its input from the previous stage (dist.recv), run the
-    layers, send the output on (dist.isend: a stage never waits for its neighbour to take it). The last stage
-    computes the loss / m instead (the mean over the whole batch) and returns it."""
+    layers, send the output on (dist.isend: a stage never waits for its neighbour to take it), both on the
+    stage's forward group. The last stage computes the loss / m instead (the mean over the whole batch)."""
     rank, p = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         x = xs[i]
     else:
         x = torch.empty(len(xs[i]), stage_width(stage, "in"), device=device())
-        dist.recv(x, src=rank - 1)
+        dist.recv(x, src=rank - 1, group=stage.fwd)
         x.requires_grad_()
     out = stage(x)
     if rank == p - 1:
         out = nn.functional.cross_entropy(out, ys[i]) / m
     else:
-        sends.append(dist.isend(out.detach(), dst=rank + 1))
+        sends.append(dist.isend(out.detach(), dst=rank + 1, group=stage.fwd))
     saved[i] = (x, out)
     return out.item() if rank == p - 1 else None
 
 
-def backward_one(i: int, saved: dict, sends: list) -> None:
+def backward_one(stage: Stage, i: int, saved: dict, sends: list) -> None:
     """Micro-batch i's backward: the gradient of the output from the next stage (the loss itself on the last),
-    backward through the layers (gradients accumulate), the input's gradient sent to the previous stage."""
+    backward through the layers (gradients accumulate), the input's gradient sent to the previous stage, both on
+    the stage's backward group."""
     rank, p = dist.get_rank(), dist.get_world_size()
     x, out = saved.pop(i)
     if rank == p - 1:
         out.backward()
     else:
         grad = torch.empty_like(out)
-        dist.recv(grad, src=rank + 1)
+        dist.recv(grad, src=rank + 1, group=stage.bwd)
         out.backward(grad)
     if rank > 0:
-        sends.append(dist.isend(x.grad, dst=rank - 1))
+        sends.append(dist.isend(x.grad, dst=rank - 1, group=stage.bwd))
 
 
 def run_order(stage: Stage, order, xs, ys, m: int) -> list[float]:
@@ -186,7 +192,7 @@ def run_order(stage: Stage, order, xs, ys, m: int) -> list[float]:
             if loss is not None:
                 losses.append(loss)
         else:
-            backward_one(i, saved, sends)
+            backward_one(stage, i, saved, sends)
     for w in sends:
         w.wait()
     return losses

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..collectives.p2p import post_together
+
 
 def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
     """softmax(q k^T / sqrt(d)) v on one process, the reference (causal: key position <= query position)."""
@@ -79,7 +81,8 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
         nxt, reqs, t0 = None, [], time.perf_counter()
         if step < p - 1:
             nxt = torch.empty_like(kv)
-            reqs = [dist.isend(kv, (rank + 1) % p), dist.irecv(nxt, (rank - 1) % p)]
+            # one batch: an isend then an irecv posted apart deadlock the ring on NCCL (notebook 04)
+            reqs = post_together([(kv, (rank + 1) % p)], [(nxt, (rank - 1) % p)])
             messages += 1
             if not overlap:
                 _wait(reqs, link, kv, t0)
