@@ -72,6 +72,33 @@ def _topology() -> str:
     return (done.stdout or done.stderr).rstrip()
 
 
+# Families that carry Chinese glyphs, for a machine without fontconfig's fc-list (macOS, Windows).
+_CJK_FAMILIES = ("CJK", "PingFang", "Hiragino", "Heiti", "Songti", "YaHei", "SimHei", "SimSun", "Source Han")
+
+
+def cjk_fonts() -> list[str]:
+    """Font families installed here that hold Chinese glyphs: fontconfig's answer, else matplotlib's font list."""
+    if shutil.which("fc-list"):
+        try:
+            done = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError):
+            return []
+        return sorted({ln.split(",")[0].strip() for ln in done.stdout.splitlines() if ln.strip()})
+    from matplotlib import font_manager
+
+    return sorted({f.name for f in font_manager.fontManager.ttflist if any(k in f.name for k in _CJK_FAMILIES)})
+
+
+def font_line() -> str:
+    """Doctor's line about the notebooks' Chinese terms: which CJK font shows them, or how to get one."""
+    fonts = cjk_fonts()
+    if fonts:
+        more = f" (+{len(fonts) - 1} more)" if len(fonts) > 1 else ""
+        return f"  CJK font      {fonts[0]}{more}: the notebooks' Chinese terms show"
+    return ("  CJK font      none: the notebooks' Chinese terms show as empty boxes; Debian/Ubuntu: "
+            "sudo apt install fonts-noto-cjk")
+
+
 def _smoke(world_size: int, backend: str) -> tuple[bool, str]:
     import torch
     import torch.distributed as dist
@@ -124,6 +151,7 @@ def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
         + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""),
         *[f"                {g}" for g in gpus],
         "  interconnect  " + _topology().replace("\n", "\n                "),
+        font_line(),
     ]
     for n in (2, 4, 8):
         p = plan("auto", n)

@@ -5,7 +5,9 @@ markers). The student copy replaces every such region with ``raise NotImplemente
 the region's indentation, keeps the code around it, clears every output and execution count, and drops saved
 widget state (a notebook's ``metadata.widgets`` keeps the widgets' last outputs, printed answers included). Only
 the course's own notebooks (COURSE_NOTEBOOKS) are copied from a folder: a learner's scratch notebook next to them
-stays out. Usage: ``python -m course_lib student [NOTEBOOK_OR_DIR ...] [--out DIR]``.
+stays out. The notebooks read the course's files through course_lib's paths (hardware.DATA_DIR), not "../data",
+so a copy runs unchanged from any folder, and so does the grader from notebooks/. Usage:
+``python -m course_lib student [NOTEBOOK_OR_DIR ...] [--out DIR]`` (default: notebooks/ into notebooks/student/).
 """
 
 from __future__ import annotations
@@ -108,6 +110,11 @@ def student_notebook(nb: dict, number: str = "") -> tuple[dict, dict]:
             stripped["solutions"] += src.count(BEGIN)
             name = label or f"Exercise {number or '?'}.{stripped['solutions']}"
             cell["source"] = strip_solutions(src, f"{name}: {title}" if (label and title) else name)
+            # the worked notebook folds its solutions away; the learner's copy shows the cell to write in
+            jupyter = cell.get("metadata", {}).get("jupyter", {})
+            jupyter.pop("source_hidden", None)
+            if not jupyter:
+                cell.get("metadata", {}).pop("jupyter", None)
         stripped["outputs"] += len(cell.get("outputs", []))
         cell["outputs"], cell["execution_count"] = [], None
         cell.get("metadata", {}).pop("execution", None)
@@ -257,10 +264,12 @@ def build(paths, out_dir: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    """Command line: build student copies (default: the course's notebooks in notebooks/ into student/)."""
+    """Command line: build student copies (default: the course's notebooks in notebooks/ into notebooks/student/)."""
     ap = argparse.ArgumentParser(prog="python -m course_lib student", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="*", default=["notebooks"], help="worked notebooks or folders (default notebooks/)")
-    ap.add_argument("--out", default="student", help="folder for the student copies (default student/)")
+    # inside notebooks/: the folder `jupyter lab notebooks/` opens, so a learner finds the copies in its file browser
+    ap.add_argument("--out", default=str(Path("notebooks") / "student"),
+                    help="folder for the student copies (default notebooks/student/)")
     args = ap.parse_args(argv)
     try:
         written = build(args.paths, Path(args.out))

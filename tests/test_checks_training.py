@@ -124,5 +124,5 @@ def test_cell_by_cell_checks_run_on_the_live_ranks(capsys):
         with pytest.raises(ExerciseFailed, match=r"^Exercise 5b\.1 is about Reduce, which delivers the sum to one "
                                                  r"rank; dist\.all_reduce is switched off here\. \(rank \d\)"):
             check_reduce_to(ranks)
-        with pytest.raises(NotImplementedError, match=r"Exercise 5b\.3: all-reduce from all-gather"):
+        with pytest.raises(NotImplementedError, match=r"^Exercise 5b\.3: not attempted yet\."):
             check_sum_by_gathering(ranks)

@@ -62,3 +62,16 @@ def test_bench_launch_prints_its_tables(tmp_path):
     assert row["mb_per_rank"] == 1 and (row["MBps"] is None or row["MBps"] > 0) and row["memcpy_MBps"] > 0
     assert figures["back_to_back"]["launches"] == 5 and figures["back_to_back"]["left_running"] == 0
     assert figures["training_rank_private_MiB"] > 0
+
+
+def test_doctor_says_whether_a_cjk_font_shows_the_chinese_terms(monkeypatch):
+    """With fc-list: its families for :lang=zh name the font; with none, the line says how to get one."""
+    import subprocess
+
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: "/usr/bin/fc-list")
+    found = subprocess.CompletedProcess([], 0, stdout="Noto Sans CJK SC,Noto Sans CJK SC Regular\nAR PL UMing\n")
+    monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: found)
+    assert doctor.font_line().split(None, 2)[2] == "AR PL UMing (+1 more): the notebooks' Chinese terms show"
+    monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess([], 0, stdout=""))
+    line = doctor.font_line()
+    assert "none" in line and "sudo apt install fonts-noto-cjk" in line

@@ -4,6 +4,7 @@ runs with errors only at exercise cells, and only NotImplementedError."""
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -121,6 +122,55 @@ def test_student_copy_fails_only_at_exercises_with_not_implemented(worked, stude
     assert errors, "a student copy with exercises must stop at them"
     for i, o in errors:
         assert i in exercise_cells, f"{worked.name} cell {keep[i]} failed outside an exercise: {o.ename}: {o.evalue}"
-        assert o.ename == "NotImplementedError", f"{worked.name} cell {keep[i]}: {o.ename}: {o.evalue}"
+        assert o.ename in ("NotImplementedError", "NotAttempted"), (
+            f"{worked.name} cell {keep[i]}: {o.ename}: {o.evalue}")
+        if i in solution_cells:
+            continue
+        # A check cell reached before the learner wrote anything (Run All): one line, nothing of the checker.
+        shown = "\n".join(o.traceback)
+        where = f"{worked.name} cell {keep[i]}"
+        assert len(o.traceback) == 1 and "\n" not in shown.strip(), f"{where}: more than one line:\n{shown}"
+        assert re.fullmatch(r"Exercise \S+: not attempted yet\. .*", shown.strip()), f"{where}: {shown}"
+        assert "course_lib/" not in shown and "Hint" not in shown, f"{where}: {shown}"
+        library = {ln.strip() for p in (ROOT / "course_lib" / "checks").glob("*.py")
+                   for ln in p.read_text(encoding="utf-8").splitlines() if len(ln.strip()) > 12}
+        assert not [ln for ln in shown.splitlines() if ln.strip() in library], f"{where}: a checker's line: {shown}"
     checks = [i + 1 for i in solution_cells]
     assert all(run.cells[i].execution_count is not None for i in checks)  # every check cell ran
+
+
+def test_the_copies_go_where_jupyterlab_opens_and_nbval_leaves_them_out():
+    """The default folder is inside notebooks/ (the README's `jupyter lab notebooks/`) and nbval does not collect it."""
+    import inspect
+    import runpy
+
+    assert 'Path("notebooks") / "student"' in inspect.getsource(main)
+    assert runpy.run_path(str(ROOT / "notebooks" / "conftest.py"))["collect_ignore"] == ["student"]
+
+
+def test_worked_notebooks_fold_every_solution_and_student_copies_show_the_cell_to_write_in():
+    from course_lib.student import BEGIN, student_notebook
+
+    folded = 0
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code" and BEGIN in "".join(cell["source"]):
+                # JupyterLab shows a folded input the learner opens on purpose; nbval and nbgrader still run it
+                assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True, f"{path.name} {cell['id']}"
+                folded += 1
+        copy, _ = student_notebook(nb)
+        assert not any(c["metadata"].get("jupyter", {}).get("source_hidden") for c in copy["cells"])
+    assert folded >= 40
+
+
+def test_no_notebook_names_a_file_relative_to_its_own_folder():
+    """A copy in notebooks/student/ and the grader (which runs submissions from notebooks/) read the same files only
+    if no cell opens "../data/..." or "data/...": the notebooks go through course_lib's paths (hardware.DATA_DIR)."""
+    relative = re.compile(r"""(?<![\w.])[rbfu]?["'](?:\.\./|\./|data/|course_lib/)""")
+    found = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "code":
+                found += [f"{path.name} {cell.get('id')}: {m.group(0)}" for m in relative.finditer(_src(cell))]
+    assert not found, found

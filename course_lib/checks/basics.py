@@ -37,7 +37,8 @@ def check_all_max(all_max, exercise: str = "Exercise 0.1") -> None:
     """``all_max(x)``: every rank's x becomes the element-wise maximum over ranks (in place), and is returned."""
     return check_collective(exercise, all_max, _torch_max, rank_values, world_sizes=(2, 3, 4, 5), sizes=(1, 5),
                             in_place=True,
-                            hint="dist.all_reduce takes an op= argument (dist.ReduceOp...); it works in place on x.")
+                            hint=("Which reduction makes every rank end with the largest value? Look at the arguments "
+                                  "dist.all_reduce takes."))
 
 
 def _one_sum_all_reduce(case, records):
@@ -56,4 +57,5 @@ def check_all_mean(all_mean, exercise: str = "Exercise 0.2") -> None:
     """``all_mean(x)``: every rank's x becomes the element-wise mean over ranks, with one SUM all-reduce."""
     return check_collective(exercise, all_mean, _mean_of_everyone, rank_values, world_sizes=(2, 3, 4, 5),
                             sizes=(1, 6), dtypes=(torch.float32, torch.float64), traffic=_one_sum_all_reduce,
-                            hint="sum with dist.ReduceOp.SUM, then divide by dist.get_world_size() on every rank")
+                            hint=("A mean is a sum divided by a count. Which reduction gives the sum, and which number "
+                                  "is the count?"))

@@ -11,7 +11,7 @@ import torch
 
 from ..results import RankFailed
 from .c10d_names import everything_but
-from .core import ExerciseFailed, passed, with_hint
+from .core import ExerciseFailed, not_attempted, passed, with_hint
 
 _RESULT = "_course_check_result"
 
@@ -62,7 +62,7 @@ def _run_on_ranks(exercise: str, kind: str, fn_name: str, hint: str, ranks=None)
     except RankFailed as exc:
         f = exc.failure
         if f.etype == "NotImplementedError":
-            raise NotImplementedError(f"{exercise}: {f.message}") from None
+            raise not_attempted(exercise, f.message) from None
         if f.etype == "NameError" and fn_name in f.message:
             raise ExerciseFailed(f"{exercise}: the ranks have no {fn_name}; run your %%ranks cell that defines it "
                                  "first.") from None
@@ -89,7 +89,8 @@ def check_reduce_to(ranks=None, exercise: str = "Exercise 5b.1") -> None:
     """``reduce_to(v, dst)`` on the live ranks (``ranks``: a persistent_ranks.Ranks; default: the %ranks group):
     afterwards rank dst's v holds the sum of every rank's v."""
     hint = ("Reduce (规约) is the collective that combines every rank's tensor into one rank's: every rank calls it, "
-            "and only the destination is guaranteed to hold the sum afterwards. Look it up in torch.distributed.")
+            "and "
+            "only the destination is guaranteed to hold the sum afterwards. Look it up in torch.distributed.")
     per_rank = _run_on_ranks(exercise, "reduce_to", "reduce_to", hint, ranks)
     world = len(per_rank)
     _calls(exercise, per_rank, "reduce", hint)
@@ -104,7 +105,7 @@ def check_reduce_to(ranks=None, exercise: str = "Exercise 5b.1") -> None:
 
 def check_copy_from(ranks=None, exercise: str = "Exercise 5b.2") -> None:
     """``copy_from(w, src)`` on the live ranks: afterwards every rank's w holds what rank src's w held."""
-    hint = "one collective copies the source rank's tensor into the same tensor on every rank: dist.broadcast"
+    hint = "Which collective leaves one rank's tensor on every rank? Which ranks must call it?"
     per_rank = _run_on_ranks(exercise, "copy_from", "copy_from", hint, ranks)
     _calls(exercise, per_rank, "broadcast", hint)
     for rank, cases in enumerate(per_rank):
@@ -117,8 +118,8 @@ def check_copy_from(ranks=None, exercise: str = "Exercise 5b.2") -> None:
 
 def check_sum_by_gathering(ranks=None, exercise: str = "Exercise 5b.3") -> None:
     """``sum_by_gathering(mine)`` on the live ranks: returns the sum of every rank's mine, from one all_gather."""
-    hint = ("all_gather fills a list with one tensor per rank (make the list first: [torch.zeros_like(mine) ...]); "
-            "then add them up on each rank")
+    hint = ("Gathering gives every rank every rank's tensor. What does it need to write them into, and what is left to "
+            "do with them afterwards?")
     per_rank = _run_on_ranks(exercise, "sum_by_gathering", "sum_by_gathering", hint, ranks)
     world = len(per_rank)
     _calls(exercise, per_rank, "all_gather", hint)

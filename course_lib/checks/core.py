@@ -9,17 +9,100 @@ what came back and a hint.
 
 from __future__ import annotations
 
+import os
+import re
+import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from ..launch import run
 from ..results import RankFailed, RankTimeout
 
+# A check cell shows the learner's own frames only: the checker's source (its hint, its reference) is no help to
+# read, and a highlighted line of it can give the answer away.
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARY_FRAME = re.compile(r'^\s*File "' + re.escape(_LIBRARY))
+# The student copy's stub: raise NotImplementedError("Exercise 4.1: <title>: write your solution here")
+_STUB = re.compile(r"^(Exercise \S+?):.*write your solution here")
+
+
+def _learner_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback without the entries of course_lib's own files, re-linked."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_LIBRARY):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for entry in reversed(kept):
+        out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
+
+
+def learner_view(exc: BaseException) -> list[str]:
+    """What a notebook shows for an error out of a checker (IPython's ``_render_traceback_``): the learner's frames
+    and the message once."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return [f"{type(exc).__name__}: {exc}"]
+    exc.__suppress_context__ = True      # a chained error's frames would be the checker's again
+    return shell.InteractiveTB.structured_traceback(type(exc), exc, _learner_frames(exc.__traceback__))
+
+
+_RULE_FIX = re.compile(r"(NCCL rule '[a-z0-9-]+' on rank \d+: .*?) Fix: [^\n]*")
+
+
+def without_rule_fixes(text: str) -> str:
+    """An NCCL rule's message keeps what broke and why, not its fix: in an exercise the fix is the answer."""
+    return _RULE_FIX.sub(r"\1", text)
+
+
+def without_library_frames(text: str) -> str:
+    """A rank's traceback as text, without the frames (and their source lines) of course_lib's own files."""
+    out, skip = [], False
+    for line in text.split("\n"):
+        if _LIBRARY_FRAME.match(line):
+            skip = True
+            continue
+        if skip and line.startswith("    ") and not line.lstrip().startswith("File "):
+            skip = False
+            continue
+        skip = False
+        out.append(line)
+    return "\n".join(out)
+
 
 class ExerciseFailed(AssertionError):
     """The learner's function gave a wrong answer (or failed) on some case; the message says which and why."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(without_rule_fixes(without_library_frames(str(message))))
+
+    def _render_traceback_(self) -> list[str]:
+        return learner_view(self)
+
+
+class NotAttempted(NotImplementedError):
+    """The learner's function still raises the student copy's NotImplementedError: said in one line."""
+
+    def __init__(self, exercise: str):
+        super().__init__(f"{exercise}: not attempted yet. Write your solution where the exercise's cell raises "
+                         "NotImplementedError, run that cell, then this check again.")
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+def not_attempted(exercise: str, message: str = "") -> NotAttempted:
+    """The one-line error for an exercise whose stub still raises; the exercise id comes from the stub if it has
+    one (the check's ``exercise`` may carry a title)."""
+    stub = _STUB.match(message)
+    return NotAttempted(stub.group(1) if stub else exercise)
 
 
 class CaseFailed(RuntimeError):
@@ -65,35 +148,52 @@ def explain(exercise: str, exc: RankFailed, what: str, hint: str) -> Exception:
     """The exception a checker raises for a failed launch: the student copy's NotImplementedError stays itself,
     a switched-off call says so, anything else names what was being checked."""
     f = exc.failure
-    if f.etype == "NotImplementedError":     # a student copy: the exercise is not done yet
-        return NotImplementedError(f"{exercise}: {f.message}")
+    if f.etype in ("NotImplementedError", "NotAttempted"):     # a student copy: the exercise is not done yet
+        return not_attempted(exercise, f.message)
     if f.etype == "SwitchedOff":
         return ExerciseFailed(with_hint(f"{f.message} (rank {f.rank}, {what})", hint))
     if isinstance(exc, RankTimeout):
         return ExerciseFailed(with_hint(f"{exercise}: your function did not finish in time (a deadlock?) with "
                                         f"{what}.\n\n{exc}", hint))
+    if "would deadlock" in f.message:   # the NCCL rules found a cycle of waiting ranks
+        return ExerciseFailed(with_hint(f"{exercise}: your function deadlocked: every rank waited for another, with "
+                                        f"{what}.\n\n{exc}", hint))
     return ExerciseFailed(with_hint(f"{exercise}: your function failed with {what}.\n\n{exc}", hint))
+
+
+def learner_rules(backend: str) -> bool | None:
+    """A learner's code is checked under the NCCL rules (notebook 04, section 6), so what passes here runs on
+    GPUs too; an exercise that chose gloo on purpose is left to gloo."""
+    return True if backend != "gloo" else None
 
 
 def launch_checked(exercise: str, fn, world: int, args=(), kwargs=None, hint: str = "", timeout: float = 30.0,
                    what: str = "", backend: str = "auto") -> list:
     """run(fn) on ``world`` ranks for a checker: the values, or the failure explained (see explain)."""
     try:
-        return run(fn, world, args=args, kwargs=kwargs, backend=backend, timeout=timeout, output="none").values
+        return run(fn, world, args=args, kwargs=kwargs, backend=backend, timeout=timeout, output="none",
+                   nccl_rules=learner_rules(backend)).values
     except RankFailed as exc:
         raise explain(exercise, exc, what or f"{world} ranks", hint) from None
 
 
 def call_learner(exercise: str, fn: Callable, *args, library=(), why: str = "", hint: str = ""):
     """In this process: ``fn(*args)`` with the library answers in ``library`` switched off (SwitchedOff becomes
-    ExerciseFailed with the hint; the student copy's NotImplementedError passes through)."""
+    ExerciseFailed with the hint; the student copy's NotImplementedError becomes NotAttempted; any other error of
+    the learner's code shows the learner's frames only)."""
     from .switch_off import SwitchedOff, switched_off
 
+    __tracebackhide__ = True     # IPython leaves this frame out of a traceback that goes on into the learner's code
     try:
         with switched_off(exercise, why=why, library=library):
             return fn(*args)
     except SwitchedOff as exc:
         raise ExerciseFailed(with_hint(str(exc), hint)) from None
+    except NotImplementedError as exc:
+        raise not_attempted(exercise, str(exc)) from None
+    except Exception as exc:
+        exc._render_traceback_ = partial(learner_view, exc)   # the checkers' frames above it are no help
+        raise
 
 
 def watched_call(exercise: str, learner: Callable, args=(), forbid=(), why: str = "", library=()):
@@ -166,11 +266,12 @@ def check_collective(
         what = f"{world} ranks"
         try:
             res = run(_cases, world, args=(exercise, learner, reference, make_input, cases, forbid, why, library),
-                      backend=backend, timeout=timeout, output="none")
+                      backend=backend, timeout=timeout, output="none", nccl_rules=learner_rules(backend))
         except RankFailed as exc:
             if exc.failure.etype == "CaseFailed":
                 case = exc.failure.message.split(":", 1)[0].removeprefix("with ")
                 how = ("did not finish in time (a deadlock?)" if "Timed out" in exc.failure.message
+                       else "deadlocked: every rank waited for another" if "would deadlock" in exc.failure.message
                        else "failed")
                 raise ExerciseFailed(with_hint(f"{exercise}: your function {how} with {case}.\n\n{exc}",
                                                hint)) from None

@@ -41,11 +41,9 @@ def check_rounds_to_consensus(rounds_to_consensus, exercise: str = "Exercise 11.
     """`rounds_to_consensus(W, eps)` -> the fewest gossip rounds t with rho^t <= eps (rho = the largest |eigenvalue|
     of W other than the average's 1, = ||W - 11^T/p||_2 here), math.inf when rho >= 1. Compared with the library's
     on ring, torus, exponential (not symmetric) and periodic mixing matrices."""
-    hint = ("rho is the largest ABSOLUTE value among W's eigenvalues once the eigenvalue 1 of the average is set "
-            "aside (a -1 never dies out); the exponential graph's W is not symmetric, so torch.linalg.eigvalsh "
-            "(which reads only one triangle) is wrong for it. torch.linalg.eigvals(W).abs() works for every W here "
-            "(each is normal: circulant, or symmetric), and the 2-norm of W - 1/p works for any W. Then count rounds "
-            "until rho**t <= eps.")
+    hint = ("The distance to consensus shrinks by the second-largest eigenvalue magnitude of W (the average's "
+            "eigenvalue 1 set aside) each round. Is every W here symmetric, and does your eigenvalue routine assume "
+            "it? How many rounds until that factor to the power t is at most eps?")
     library = ("course_lib.training.gossip.rho", "course_lib.training.gossip.spectral_gap",
                "course_lib.training.gossip.rounds_to_consensus")
     cases = 0
@@ -97,9 +95,9 @@ def check_one_peer_gossip(one_peer_round, exercise: str = "Exercise 11.2 (one-pe
     rank + 2^(t mod tau), receive from rank - 2^(t mod tau) (mod p, tau = ceil(log2 p)), return the mean of the
     two. Run on 3 and 8 real ranks with every collective switched off: each round must equal W(t) X and send exactly
     one message, the size of x, to the right peer; at 8 ranks tau = 3 rounds give the exact average."""
-    hint = ("the hop is a power of two that doubles every round and starts again after tau = ceil(log2 p) rounds; "
-            "send to the rank that far to the right, receive from the rank that far to the left (both mod p), post "
-            "both before waiting on either, and keep the mean of your vector and the one you received")
+    hint = ("In exponential-graph gossip each round talks to one peer at a distance that is a power of two. Which "
+            "distance in round t, after how many rounds does it repeat, and can two ranks that both send first wait on "
+            "each other?")
     for p in (3, 8):
         rounds = 2 * gossip.tau(p)
         vals = launch_checked(exercise, _one_peer_case, p, args=(one_peer_round, rounds, exercise), hint=hint,
@@ -187,9 +185,9 @@ def check_diloco_outer_step(diloco_outer_step,
     a Nesterov step (lr local_sgd.OUTER_LR, momentum local_sgd.OUTER_MOMENTUM) on `anchor` in place, and set `flat`
     to it in place. DiLoCo (H=4, 12 steps, AdamW inner steps) on 2 and 3 real ranks must end with a single-process
     DiLoCo's weights, with one all-reduce of the whole model per outer step."""
-    hint = ("the pseudo-gradient is anchor - flat (the way the inner steps went, reversed), averaged over the ranks: "
-            "one all-reduce, then divide by the world size; torch's Nesterov first folds it into the momentum buffer "
-            "(buffer = mu * buffer + g), then steps by g plus mu times that new buffer; every change in place")
+    hint = ("DiLoCo's outer step treats how far the inner steps moved the weights as a gradient, averaged over the "
+            "ranks, and hands it to an outer Nesterov optimizer. Which direction is that pseudo-gradient, and what "
+            "does torch's Nesterov do with its momentum buffer? Do the caller's tensors change?")
     for p in (2, 3):
         vals = launch_checked(exercise, _diloco_case, p, args=(diloco_outer_step, exercise), hint=hint,
                               what=f"{p} ranks", timeout=60)

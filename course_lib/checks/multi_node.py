@@ -31,8 +31,8 @@ def _parse(line: str):
 def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
     """``torchrun_line(nnodes, node_rank, gpus, head, port)``: the command for one node of the hello lab
     (course_lib.labs.hello) with c10d rendezvous at head:port; checked for three clusters."""
-    hint = ("torchrun needs --nnodes, --node-rank, --nproc-per-node, --rdzv-backend=c10d and "
-            "--rdzv-endpoint=HOST:PORT, then -m and the module to run")
+    hint = ("What must every node tell torchrun: how many nodes, which one it is, how many processes on it, and "
+            "where they all meet?")
     for nnodes, node_rank, gpus, head, port in CASES:
         line = call_learner(exercise, torchrun_line, nnodes, node_rank, gpus, head, port, hint=hint,
                             why="writing the torchrun command yourself",
@@ -57,7 +57,7 @@ def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
 
 def check_global_rank(global_rank, exercise: str = "Exercise 17.2") -> None:
     """``global_rank(node, local_rank, gpus_per_node)`` as torchrun numbers ranks (node by node)."""
-    hint = "torchrun numbers the ranks node by node: node k's first rank comes after k full nodes"
+    hint = "How does torchrun number the ranks across nodes: which global rank does node k's first process get?"
     for gpus in (1, 4, 8):
         for node in range(3):
             for local in range(gpus):

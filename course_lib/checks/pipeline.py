@@ -18,7 +18,7 @@ from ..results import RankFailed
 from ..training import pipeline as pl
 from ..training.data import load_digits
 from ..training.mixed_precision import LossScaler
-from .core import ExerciseFailed, passed
+from .core import ExerciseFailed, call_learner, not_attempted, passed
 
 PIPE = "course_lib.training.pipeline"
 
@@ -39,14 +39,14 @@ def _smallest_m(p: int, target: float) -> int:
 def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (micro-batches for a bubble)") -> None:
     """`min_microbatches(p, target)` -> the smallest m whose bubble (p-1)/(m+p-1) is at most `target`; checked on
     p = 1..12 and targets from 0.9 down to 0.01, against the schedule replayed on the ideal clock."""
-    hint = ("the bubble (p-1)/(m+p-1) falls as m grows; solve (p-1)/(m+p-1) <= target for m, or try m = 1, 2, ... "
-            "and stop at the first that meets the target. Check the bubble of your answer and of one less")
+    hint = ("How does the bubble (p-1)/(m+p-1) change as m grows? Check the bubble of your answer and of one "
+            "micro-batch less.")
     cases = [(p, t) for p in range(1, 13) for t in (0.9, 0.5, 0.25, 0.2, 0.1, 0.05, 0.01)]
     with _switched_off(exercise, "the bubble formula", library=[f"{PIPE}.bubble_formula", f"{PIPE}.simulated_bubble"]):
         try:
             answers = [min_microbatches(p, t) for p, t in cases]
-        except NotImplementedError:
-            raise
+        except NotImplementedError as e:
+            raise not_attempted(exercise, str(e)) from None
         except Exception as e:
             raise ExerciseFailed(f"{exercise}: your function raised {type(e).__name__}: {e}\nHint: {hint}") from None
     for (p, t), got in zip(cases, answers):
@@ -69,7 +69,7 @@ def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (mic
 def _check_order(exercise, order_fn, p, m, hint):
     orders = []
     for s in range(p):
-        order = [tuple(a) for a in order_fn(s, p, m)]
+        order = [tuple(a) for a in call_learner(exercise, order_fn, s, p, m)]
         want = sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
         if sorted(order) != want:
             raise ExerciseFailed(f"{exercise}: p={p}, m={m}, stage {s}: your order {order} must hold ('F', i) and "
@@ -107,8 +107,8 @@ def check_one_f_one_b(one_f_one_b_order, exercise: str = "Exercise 14.2 (the 1F1
     """`one_f_one_b_order(stage, p, m)` -> that stage's list of ("F", i) / ("B", i): every stage's order replayed
     on an ideal clock for p = 2..5 and m = 1..9 (no deadlock, bubble = (p-1)/(m+p-1), at most min(p - stage, m)
     micro-batches in flight), then run with send/recv on 2 and 4 real ranks: weights = single-process SGD."""
-    hint = ("stage s runs min(p - s - 1, m) forwards first (warm-up), then alternates one forward and one backward "
-            "(the oldest micro-batch's), then runs the backwards left (cool-down)")
+    hint = ("In 1F1B a stage does some forwards before its first backward, then alternates. How many micro-batches are "
+            "in flight on stage s when the first backward reaches it?")
     with _switched_off(exercise, "the 1F1B order", library=[f"{PIPE}.one_f_one_b_order"]):
         for p in range(2, 6):
             for m in range(1, 10):
@@ -118,7 +118,8 @@ def check_one_f_one_b(one_f_one_b_order, exercise: str = "Exercise 14.2 (the 1F1
     data = load_digits()
     for p, orders in real.items():
         try:
-            vals = run(_run_orders, world_size=p, args=(orders, 8, data), output="none", timeout=60).values
+            vals = run(_run_orders, world_size=p, args=(orders, 8, data), output="none", timeout=60,
+                       nccl_rules=True).values
         except RankFailed as e:
             raise ExerciseFailed(f"{exercise}: your orders failed on {p} real ranks (rank {e.rank}):\n{e}\n"
                                  f"Hint: {hint}") from None
@@ -186,17 +187,16 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14.3 (loss sca
     """`scaled_sgd_step(stage, lr, scaler)` on every pipeline stage: the stage's .grad hold gradients of
     loss x scaler["scale"]; unscale, skip the step on every stage if any stage's gradients hold inf/NaN (one
     all_reduce), update scaler["scale"] and scaler["good_steps"] by GradScaler's rules; return whether it stepped."""
-    hint = ("found = any non-finite gradient on this stage, as a tensor; dist.all_reduce(found, op=ReduceOp.MAX) so "
-            "every stage knows; on overflow: no update, scale x 0.5, good_steps = 0; else w -= lr x grad / scale, "
-            "good_steps += 1, and at growth_interval good steps: scale x 2, good_steps = 0")
+    hint = ("An overflow on one stage means the whole model's step is bad. How do all stages learn about it, and what "
+            "does a loss scaler do to the scale and the weights on an overflow step and on a good one?")
     lr, growth = 0.1, 2
     for world in (2, 3):
         try:
             vals = run(_loss_scaling_case, world_size=world, args=(scaled_sgd_step, growth, lr), output="none",
-                       timeout=60).values
+                       timeout=60, nccl_rules=True).values
         except RankFailed as e:
             if e.failure.etype == "NotImplementedError":
-                raise NotImplementedError(f"{exercise}: {e.failure.message}") from None
+                raise not_attempted(exercise, e.failure.message) from None
             raise ExerciseFailed(f"{exercise}: rank {e.rank} failed with {world} stages:\n{e}\nHint: {hint}") from None
         refs = [_reference_history(rank, growth, lr) for rank in range(world)]
         for step in range(STEPS):

@@ -13,7 +13,7 @@ import torch
 
 from ..results import RankFailed
 from .c10d_names import everything_but
-from .core import ExerciseFailed, _fmt, check_collective, passed, with_hint
+from .core import ExerciseFailed, _fmt, check_collective, not_attempted, passed, with_hint
 from .traffic import summary
 
 WORLDS = (2, 3, 4, 5)
@@ -70,9 +70,8 @@ def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1", worlds=WO
         exercise, partial(_call, ring_exchange), _torch_from_left, _distinct, world_sizes=worlds,
         sizes=(1, 7, 50_000), timeout=timeout, forbid="all", why="ordering send and recv so a ring cannot deadlock",
         library=("course_lib.collectives.p2p.exchange",), traffic=_one_message_right,
-        hint="a blocking send on gloo waits until the peer posts the matching recv. If every rank sends first, every "
-             "rank waits. Let even ranks send first and odd ranks receive first, or start both with isend/irecv "
-             "and wait.")
+        hint=("Read your traceback: which call was each rank waiting in? A blocking send on gloo waits until its peer "
+              "posts the matching recv. What happens when every rank does the same thing first?"))
 
 
 # ---------------------------------------------------------------- broadcast from send/recv (notebook 04)
@@ -107,8 +106,8 @@ def check_broadcast(my_broadcast, exercise: str = "Exercise 4.2", worlds=WORLDS)
         exercise, partial(_from_last, my_broadcast), partial(_from_last, _torch_broadcast), _distinct,
         world_sizes=worlds, timeout=10, forbid="all", why="building broadcast from send/recv",
         library=COURSE_COLLECTIVES, traffic=_each_receives_once, in_place=True,
-        hint="the source (src) sends its tensor to every other rank; every other rank receives into t from src. "
-             "Use the src argument (the check uses the last rank, not 0), and return t on every rank.")
+        hint=("Which rank has the data, and which ranks need it? The check uses a src that is not 0. What does each "
+              "rank hold, and return, afterwards?"))
 
 
 # ---------------------------------------------------------------- all-gather from send/recv (notebook 04)
@@ -137,9 +136,8 @@ def check_all_gather(my_all_gather, exercise: str = "Exercise 4.3", worlds=WORLD
         exercise, partial(_call, my_all_gather), _torch_all_gather, _distinct, world_sizes=worlds, timeout=10,
         forbid="all", why="building all-gather from send/recv", library=COURSE_COLLECTIVES,
         traffic=_receives_every_other,
-        hint="return a list with one tensor per rank, in rank order, your own tensor included at your own index. "
-             "If it hangs, two ranks are both waiting in recv (or both in send): order the calls, or use "
-             "isend/irecv.")
+        hint=("What must the list hold on every rank, and at which index is your own tensor? If it hangs, read your "
+              "traceback: which call is each rank waiting in?"))
 
 
 # ---------------------------------------------------------------- all-reduce inside the odd ranks (notebook 03)
@@ -184,8 +182,8 @@ def check_odd_group_all_reduce(odd_all_reduce, exercise: str = "Exercise 3.1", w
     return check_collective(
         exercise, partial(_call, odd_all_reduce), _torch_odd_all_reduce, _distinct, world_sizes=worlds,
         timeout=10, forbid="send_recv", why="process groups", traffic=_odd_group_used,
-        hint="every rank must call dist.new_group(...) with the same list of odd ranks, even the ranks not in it; "
-             "only the members then call dist.all_reduce(t, group=...). Even ranks return their tensor unchanged.")
+        hint=("Creating a process group is itself a collective of the whole world. Which ranks must call "
+              "dist.new_group, and which ranks then take part in the all-reduce?"))
 
 
 # ---------------------------------------------------------------- all-reduce = reduce-scatter + all-gather (05)
@@ -213,8 +211,8 @@ def check_all_reduce(my_all_reduce, exercise: str = "Exercise 5.2", worlds=WORLD
         sizes=(1, 7, 12), timeout=10, why="building all-reduce from reduce-scatter and all-gather",
         forbid=everything_but("reduce_scatter_single", "all_gather_single"),
         library=COURSE_COLLECTIVES, traffic=_one_rs_one_ag,
-        hint="reduce_scatter_single and all_gather_single need a length divisible by the world size: pad t with "
-             "zeros to the next multiple, and cut the padding off the result.")
+        hint=("What do reduce_scatter_single and all_gather_single require of a tensor's length, and what does the "
+              "check's size 7 do on 2 or 4 ranks?"))
 
 
 # ---------------------------------------------------------------- predict a reduce-scatter (notebook 05)
@@ -233,8 +231,8 @@ def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise
     from ..launch import run
     from .switch_off import SwitchedOff, switched_off
 
-    hint = ("rank j receives the sum over all ranks of chunk j (the j-th 1/p of each input); it never sees the other "
-            "chunks. Write the lists by hand: the check runs the real collective afterwards.")
+    hint = ("Which chunk of each input does rank j receive in a reduce-scatter, and what happens to it? Write the "
+            "lists by hand: the check runs the real collective afterwards.")
     if callable(predicted):
         try:
             # the notebook's process has no process group: launching ranks is the only way to run it
@@ -243,6 +241,8 @@ def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise
                 predicted = predicted()
         except SwitchedOff as exc:
             raise ExerciseFailed(with_hint(str(exc), hint)) from None
+        except NotImplementedError as exc:
+            raise not_attempted(exercise, str(exc)) from None
     world = len(inputs)
     if not isinstance(predicted, (list, tuple)) or len(predicted) != world:
         raise ExerciseFailed(f"{exercise}: you predicted {predicted!r}; give one list per rank, {world} ranks take "
@@ -256,6 +256,5 @@ def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise
         if [float(v) for v in want] != [float(v) for v in got]:
             raise ExerciseFailed(with_hint(
                 f"{exercise}: rank {rank} really holds {_fmt(torch.tensor(want))}, you predicted {list(got)}.",
-                f"rank {rank} receives the sum over all ranks of chunk {rank} (elements {rank * len(want)}.."
-                f"{(rank + 1) * len(want) - 1} of each input); it never sees the other chunks."))
+                f"Which part of each input ends up on rank {rank}, and combined how?"))
     return passed(exercise, f"your prediction matches a real reduce_scatter_single on {world} ranks.")

@@ -30,8 +30,8 @@ ZERO_ANSWERS = tuple(f"course_lib.training.zero.{f}" for f in ("zero1_step", "ze
 def check_per_rank_bytes(per_rank_bytes, exercise: str = "Exercise 12.1") -> None:
     """`per_rank_bytes(scheme, shapes, p)` -> {"params", "grads", "optimizer"}: bytes ONE rank holds under scheme
     "DP", "ZeRO-1", "ZeRO-2" or "ZeRO-3" (fp32 Adam); compared with what real ranks held, for 3 and 4 ranks."""
-    hint = ("fp32 Adam: 4 B weights, 4 B gradients, 8 B optimizer state per parameter; a sharded tensor is split "
-            "by rows, padded up to a multiple of p rows, so a rank holds ceil(rows/p) x (elements per row)")
+    hint = ("Count bytes per parameter for weights, gradients and Adam's state in fp32, and how a tensor split by rows "
+            "over p ranks rounds up. Which of the three does each ZeRO stage shard?")
     schemes = ("DP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
     shapes = [tuple(q.shape) for q in make_mlp(HIDDEN, 0).parameters()]
     # The learner's answers first (no ranks needed), then what real ranks held with the same model.
@@ -77,9 +77,9 @@ def check_zero1_flat_step(step_fn, exercise: str = "Exercise 12.2") -> None:
     """`step_fn(params, m, v, t, lr)`: reduce-scatter all gradients in one flat buffer, Adam on this rank's slice
     with its shard m, v (ceil(Ψ/p) values each), all-gather the slices into the parameters. Trained on 2 and 3
     real ranks: weights must equal single-process Adam, with exactly one reduce-scatter and one all-gather a step."""
-    hint = ("flatten the gradients into p x len(m) values (zeros after Ψ), dist.reduce_scatter_single into len(m) "
-            "values, divide by p; adam_step on your slice of the flat padded parameters; dist.all_gather_single "
-            "the slices back and copy the first Ψ values into the parameters")
+    hint = ("ZeRO-1 keeps a shard of the optimizer state on each rank. Which collective gives a rank the summed "
+            "gradient of its own slice only, and which one brings the updated slices back to everyone? Mind the "
+            "padding to a multiple of p.")
     for p in (2, 3):
         vals = launch_checked(exercise, _train_with_learner_step, p, args=(exercise, step_fn), hint=hint,
                               what=f"{p} ranks")

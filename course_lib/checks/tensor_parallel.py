@@ -59,8 +59,8 @@ def _compare(exercise, world, vals, expect, hint, diagnose=None):
 def check_column_parallel_forward(column_parallel_forward, exercise: str = "Exercise 13.1") -> None:
     """`column_parallel_forward(x, linear)` -> this rank's slice of linear(x) (its out_features / p output columns),
     computed from its slice of the weight with no communication (every collective is off); 2 and 3 real ranks."""
-    hint = ("rank r owns output features r*k..(r+1)*k with k = out_features // world size: rows of linear.weight "
-            "(shape out x in) and entries of linear.bias; x @ w_r.T + b_r, no collective needed")
+    hint = ("Splitting a linear layer by output features: which rows of the weight and which bias entries does rank r "
+            "own, and does it need anything from another rank?")
     for world, n_in, n_out in CASES:
         args = (exercise, column_parallel_forward, n_in, n_out, ("all", "send_recv"), "a split that needs no "
                 "communication")
@@ -81,8 +81,8 @@ def _bias_counted(v, world):
 def check_row_parallel_linear(row_parallel_linear, exercise: str = "Exercise 13.2") -> None:
     """`row_parallel_linear(x, linear)` -> linear(x) on every rank, from this rank's in_features / p input columns
     and weight columns, ONE all_reduce of the batch x out partial sums, the bias added once; 2 and 3 ranks."""
-    hint = ("rank r owns input features r*k..(r+1)*k (k = in_features // world size): x[:, s] @ linear.weight[:, s].T "
-            "is a partial sum; dist.all_reduce it, then add linear.bias once (after the all-reduce)")
+    hint = ("Splitting by input features makes each rank's product a partial sum. What combines the partial sums, and "
+            "how many times should the bias be added?")
     for world, n_in, n_out in CASES:
         vals = launch_checked(exercise, _case, world, args=(exercise, row_parallel_linear, n_in, n_out, EVERY_OTHER,
                                                             "one all-reduce of partial sums"),

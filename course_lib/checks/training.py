@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import costmodel
+from .. import costmodel, device
 from ..training import tolerance
 from ..training.allreduce import dp_train
 from ..training.data import combined_batch, load_digits, shard_indices, worker_batch
@@ -33,8 +33,8 @@ PS_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.ps_vs
 def check_server_bytes(server_bytes, exercise: str = "Exercise 8.1") -> None:
     """`server_bytes(n, model_bytes, k)` -> bytes ONE server receives per synchronous step; checked against what
     the course's PS really received (every message counted) for several n and k."""
-    hint = ("every worker pushes its gradient for each server's shard only: a server receives one shard from each "
-            "of the n workers; with k servers the first shard is the longest (ceil of the parameters / k)")
+    hint = ("Follow one step: which part of its gradient does a worker send to each server, and how many workers send "
+            "to that server? With k servers, which shard is the largest?")
     m = flat_params(make_mlp(HIDDEN, 0)).numel() * 4     # the model ps_train trains with hidden=HIDDEN
     cases = [(1, 1), (3, 1), (2, 2), (4, 2), (3, 3)]
     answers = {(n, k): call_learner(exercise, server_bytes, n, m, k, hint=hint, why="the bytes a server carries",
@@ -91,8 +91,8 @@ def check_momentum_server_step(server_step, exercise: str = "Exercise 8.2") -> N
     """`server_step(shard, velocity, workers, lr, momentum)`: send `shard` to every worker, receive one gradient from
     each, then velocity = momentum x velocity + mean gradient and shard -= lr x velocity, both in place. Run as the
     server of a real PS with 1-3 workers; the weights must equal single-process SGD with momentum."""
-    hint = ("the optimizer state lives on the server: after the n gradients are in, velocity.mul_(momentum)"
-            ".add_(mean gradient), then shard.sub_(lr * velocity); both in place, since the caller keeps them")
+    hint = ("Where does a parameter server keep the momentum, and in which order does it update the velocity and the "
+            "weights? Does the caller see the change?")
     lr, momentum = 0.1, 0.9
     for n in (1, 2, 3):
         vals = launch_checked(exercise, _ps_with_learner_server, n + 1, args=(exercise, server_step, STEPS, lr,
@@ -166,8 +166,8 @@ def check_average_gradients(average_gradients, exercise: str = "Exercise 9.1") -
     """`average_gradients(model, batch_size)`: after backward of this rank's mean loss over its `batch_size`
     samples, make every p.grad the gradient of the mean loss over ALL ranks' samples (batches differ in size).
     Trained on 2 and 3 real ranks; every rank must end with the single-process weights."""
-    hint = ("a rank's gradient is the mean over its own samples: weight it by its batch size (p.grad * batch_size), "
-            "sum over ranks with dist.all_reduce, and divide by the total number of samples, itself a sum over ranks")
+    hint = ("A rank's gradient is a mean over its own samples, and the batches differ in size. What is the global mean "
+            "over every sample in terms of the ranks' means and batch sizes?")
     lr = 0.1
     for n in (2, 3):
         vals = launch_checked(exercise, _dp_with_learner, n, args=(exercise, average_gradients, STEPS, lr), hint=hint,
@@ -196,7 +196,7 @@ def _plain_mean(model, batch_size):
 
 def _bucket_case(exercise, bucket_all_reduce):
     rank = dist.get_rank()
-    ts = [torch.arange(s, dtype=torch.float32) * (rank + 1) + rank for s in (3, 1, 7, 12)]
+    ts = [torch.arange(s, dtype=torch.float32, device=device()) * (rank + 1) + rank for s in (3, 1, 7, 12)]
     want = [t.clone() for t in ts]
     for t in want:
         dist.all_reduce(t)
@@ -210,7 +210,8 @@ def _bucket_case(exercise, bucket_all_reduce):
 
 def check_bucket_all_reduce(bucket_all_reduce, exercise: str = "Exercise 9.2") -> None:
     """`bucket_all_reduce(tensors)`: average every tensor of the list over ranks, in place, with ONE all_reduce."""
-    hint = "torch.cat([t.reshape(-1) for t in tensors]), one dist.all_reduce, divide, copy slices back"
+    hint = ("One all-reduce for many tensors needs them in one buffer. How do they get into it, and how do the results "
+            "get back into each tensor?")
     for n in (2, 3, 4):
         vals = launch_checked(exercise, _bucket_case, n, args=(exercise, bucket_all_reduce), hint=hint,
                               what=f"{n} ranks")
@@ -235,7 +236,8 @@ def _ring_bytes_case():
 def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> None:
     """`ring_bytes(n, model_bytes)` -> bytes each rank sends per ring all-reduce; checked against real ring runs
     (every message counted) within one element per phase (the chunks differ by at most one element)."""
-    hint = "reduce-scatter then all-gather, each n-1 steps of a 1/n chunk of the model"
+    hint = ("A ring all-reduce has two phases. How many steps does each take, and what fraction of the model does a "
+            "rank send in one step?")
     m = flat_params(make_mlp(60, 0)).numel() * 4         # the model _ring_bytes_case trains
     answers = {n: call_learner(exercise, ring_bytes, n, m, hint=hint, why="the bytes of a ring", library=RING_ANSWERS)
                for n in (2, 3, 4)}
@@ -252,7 +254,8 @@ def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> None:
 def check_servers_to_match_ring(servers_needed, exercise: str = "Exercise 10.2") -> None:
     """`servers_needed(n)` -> the smallest k for which BytePS's PS time max(M/B, nM/(kB)) is at most ring
     all-reduce's 2(n-1)M/(nB) (any M, B); compared with costmodel.ps_vs_allreduce for n = 2..64."""
-    hint = "solve n/k <= 2(n-1)/n for k and round up (and k >= 1)"
+    hint = ("Compare what the busiest server receives per step with what a ring all-reduce sends per worker. How does "
+            "the server's share shrink as k grows?")
     for n in range(2, 65):
         want = next(k for k in range(1, n + 1)
                     if costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["ps_s"]
