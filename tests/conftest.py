@@ -103,3 +103,44 @@ def cuda_initialised_in_kernel(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "_initialized", True)
+
+
+_SOLUTION_LINES: list = []
+
+
+def solution_lines() -> set:
+    """Every line of 16 characters or more inside the worked notebooks' ### BEGIN/END SOLUTION regions."""
+    if not _SOLUTION_LINES:
+        import json
+
+        from course_lib.student import BEGIN, END
+
+        lines = set()
+        for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+            for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+                src = "".join(cell["source"])
+                if cell["cell_type"] == "code" and BEGIN in src:
+                    inside = src.split(BEGIN, 1)[1].split(END, 1)[0]
+                    lines |= {ln.strip() for ln in inside.splitlines() if len(ln.strip()) >= 16}
+        _SOLUTION_LINES.append(lines)
+    return _SOLUTION_LINES[0]
+
+
+@pytest.fixture(autouse=True)
+def no_checker_message_hands_over_a_solution(monkeypatch):
+    """Every wrong answer a test feeds a checker is answered without a line of the worked solution: each
+    ExerciseFailed raised while a test runs is read here."""
+    from course_lib.checks import core
+
+    made = core.ExerciseFailed.__init__
+
+    def read(self, message=""):
+        made(self, message)
+        lines = str(self).split("\n")
+        # the learner's own traceback may show their own line, which can equal the solution's: that is no leak
+        said = "\n".join(line for i, line in enumerate(lines) if not (i and lines[i - 1].lstrip().startswith('File "')))
+        leaked = sorted(line for line in solution_lines() if line in said)
+        assert not leaked, f"a checker's message holds lines of a worked solution: {leaked}"
+
+    monkeypatch.setattr(core.ExerciseFailed, "__init__", read)
+

@@ -86,3 +86,43 @@ def test_the_readme_re_execution_keeps_sliders_saved_as_figure_and_sentence_with
     kinds = [("image/png" in o.get("data", {}), WIDGET_VIEW in o.get("data", {})) for o in outs]
     assert kinds == [(True, False), (False, True)], kinds
     assert outs[1]["data"]["text/plain"] == NOTE
+
+
+def test_in_jupyterlab_the_widget_replaces_the_static_figure_and_elsewhere_it_stays(monkeypatch):
+    """A kernel JupyterLab started clears the cell's static figure for the widget; nbconvert's and nbval's do not."""
+    import IPython.display
+    import ipywidgets
+
+    from course_lib.viz import sliders as module
+
+    calls = []
+    monkeypatch.setattr(ipywidgets, "interactive", lambda fn, **controls: _FakeWidget())
+    monkeypatch.setattr(IPython.display, "clear_output", lambda wait=False: calls.append(("clear", wait)))
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw=False: calls.append(("display", data)))
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    module.sliders(print, slope=(0.5, 4.0))
+    assert [c[0] for c in calls] == ["display"]
+    calls.clear()
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/learner/notebooks/01_why_distributed.ipynb")
+    module.sliders(print, slope=(0.5, 4.0))
+    assert calls == [("clear", True), ("display", {"text/plain": NOTE, WIDGET_VIEW: {"model_id": "m1"}})]
+
+
+def test_a_kernel_started_as_jupyterlab_starts_it_keeps_one_output_the_widget(tmp_path, monkeypatch):
+    """A slider cell run with JupyterLab's kernel environment keeps one output: the widget, no static figure above."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import matplotlib.pyplot as plt\n"
+        "from course_lib.viz.sliders import sliders\n\n"
+        "def line(slope=1.0):\n"
+        "    plt.plot([0, 1], [0, slope]); plt.show(); print('slope', slope)\n\n"
+        "line()   # the static figure\n"
+        "sliders(line, slope=(0.5, 4.0));")]
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "sliders.ipynb"))   # what jupyter_server sets
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    outs = nb.cells[0].outputs
+    assert [sorted(o.get("data", {"stream": 1})) for o in outs] == [sorted([WIDGET_VIEW, "text/plain"])], outs
+    assert outs[0]["data"]["text/plain"] == NOTE

@@ -26,8 +26,8 @@ def check_cards_for_llama(exercise_1_1, exercise: str = "Exercise 1.1") -> None:
     The card's capacity is its real one: nvidia-smi's 81559 MiB (hw.memory_bytes), or the 80 GiB of its name; both give
     the same count. 80e9 bytes (the name read as decimal GB) does not.
     """
-    hint = ("mixed-precision Adam holds 16 bytes per parameter (ZeRO paper, section 3.1): hw.training_state_bytes "
-            "gives them; divide by one card's memory in bytes and round up (hw.gpus_to_hold with the card's row)")
+    hint = ("How many bytes per parameter does mixed-precision Adam keep (the ZeRO paper counts them), and how many "
+            "bytes does one card really hold: what does nvidia-smi say an '80 GB' card has?")
     got = _number(exercise, call_learner(exercise, exercise_1_1, hint=hint), "the number of cards")
     state = hw.training_state_bytes(hw.row("training_runs", "LLaMA-65B")["params"], "mixed")["total"]
     card = hw.row("accelerators", "H100 SXM 80GB")
@@ -43,7 +43,8 @@ def check_cards_for_llama(exercise_1_1, exercise: str = "Exercise 1.1") -> None:
 
 def check_bloom_days(exercise_1_2, exercise: str = "Exercise 1.2") -> None:
     """Days of pure compute for BLOOM-176B: 6·N·D / (GPUs x FLOP/s per GPU), from data/training_runs.csv."""
-    hint = "hw.training_flops(N, D) = 6 N D; divide by (GPUs x TFLOP/s per GPU x 1e12) for seconds, by 86,400 for days"
+    hint = ("About how many FLOPs does training take per parameter and per token, how many FLOP/s did all of BLOOM's "
+            "GPUs sustain together, and how many seconds make a day?")
     got = _number(exercise, call_learner(exercise, exercise_1_2, hint=hint), "the number of days")
     b = hw.row("training_runs", "BLOOM-176B")
     want = hw.training_flops(b["params"], b["tokens"]) / (b["gpus"] * b["tflops_per_gpu"] * 1e12) / 86400
@@ -71,9 +72,8 @@ def check_gpus_at_fixed_batch(exercise_1_3, speed_setup, exercise: str = "Exerci
     """Largest power-of-two number of GPUs p for LLaMA-7B over Ethernet 100 GbE, the global batch fixed at 2048
     sequences (2048 / p per GPU), whose speedup ratio stays at 0.85 or more, and the seconds one step then takes;
     judged with the notebook's own speed_setup (the lesson's compute rate and link figures)."""
-    hint = ("the global batch stays 2048 sequences, so p GPUs compute 2048 // p each: hw.data_parallel_speed(p, "
-            "*speed_setup('LLaMA-7B', 'Ethernet 100 GbE', 2048 // p)) gives the speedup ratio and the all-reduce's "
-            "comm_s; double p from 1 while the ratio stays at 0.85 or more; a step is its compute plus comm_s")
+    hint = ("With the global batch fixed, what happens to each GPU's share of the compute as p grows, and to the "
+            "all-reduce's time? Which of the two does the speedup ratio compare, and where does it fall below 0.85?")
     got = call_learner(exercise, exercise_1_3, hint=hint)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise ExerciseFailed(f"{exercise}: return two numbers, (GPUs, seconds per step); you returned {got!r}.")
@@ -97,7 +97,7 @@ def check_gpus_at_fixed_batch(exercise_1_3, speed_setup, exercise: str = "Exerci
 # ---------------------------------------------------------------- notebook 02
 def check_gradient_transfer(exercise_2_1, exercise: str = "Exercise 2.1") -> None:
     """Seconds to send LLaMA-65B's fp16 gradients once over PCIe 4.0 x16 (data/links.csv)."""
-    hint = "fp16 = 2 bytes per parameter; hw.transfer_time_s(bytes, link) divides by the link's one-direction speed"
+    hint = "How many bytes is one fp16 gradient per parameter, and how fast does the link move bytes in one direction?"
     got = _number(exercise, call_learner(exercise, exercise_2_1, hint=hint), "seconds")
     want = hw.transfer_time_s(2 * hw.row("training_runs", "LLaMA-65B")["params"], "PCIe 4.0 x16")
     if not math.isclose(got, want, rel_tol=1e-3):
@@ -109,7 +109,7 @@ def check_tor_edges(exercise_2_2, exercise: str = "Exercise 2.2") -> None:
     """Edges of topology.rack(6)'s description that reach its ToR switch."""
     from ..viz import topology
 
-    hint = "topology.rack(6) returns {'nodes', 'edges'}; count the edges with 'tor0' at either end ('a' or 'b')"
+    hint = "Which edges of the rack touch the ToR switch, and does it matter at which end of an edge the switch is?"
     got = call_learner(exercise, exercise_2_2, hint=hint)
     want = sum("tor0" in (e["a"], e["b"]) for e in topology.rack(6)["edges"])
     if got != want:
@@ -126,8 +126,8 @@ def _fewest_servers(n: int) -> int:
 
 def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> None:
     """Fewest non-colocated parameter servers (BytePS) for 16 workers to be no slower than the ring."""
-    hint = ("costmodel.ps_vs_allreduce(16, M, B, k) gives both times for k servers; raise k from 1 until the PS time "
-            "is no more than the all-reduce time")
+    hint = ("How does the busiest link's traffic change as servers are added, and at which number of servers is it "
+            "no busier than a link of the ring?")
     got = call_learner(exercise, exercise_2_3, hint=hint)
     if got != _fewest_servers(16):
         raise ExerciseFailed(with_hint(f"{exercise}: with k = {got!r} the PS is either still slower than the ring "
@@ -139,8 +139,8 @@ def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> None:
 def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise 7.1") -> None:
     """(algbw, busbw) in GB/s of an all_gather on 8 ranks, S = 1 GiB of output, in 10 ms (nccl-tests' definitions,
     doc/PERFORMANCE.md: algbw = S/t, busbw = algbw x (n-1)/n for all_gather)."""
-    hint = "algbw = S / t with S the whole output in bytes (1 GiB = 2**30 B) and 1 GB = 1e9 B; all_gather's busbw " \
-           "factor is (n-1)/n"
+    hint = ("Which size does nccl-tests divide by for algbw, in which units (GiB or GB), and how does it turn "
+            "all_gather's algbw into a bus bandwidth (its doc/PERFORMANCE.md)?")
     got = call_learner(exercise, all_gather_bandwidths, hint=hint)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise ExerciseFailed(f"{exercise}: return two numbers, (algbw, busbw); you returned {got!r}.")
@@ -155,8 +155,8 @@ def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise
 
 def check_course_ring_fit(fit_course_ring, rows, exercise: str = "Exercise 7.2") -> None:
     """(alpha, beta) of the course ring's rows (op 'ring') of the measured sweep, fitted with the ring's model."""
-    hint = ("keep the rows whose op is 'ring'; costmodel.fit_alpha_beta(sizes in bytes, times in seconds, p=ranks, "
-            "algorithm='ring') fits the ring's 2(p-1) alpha + 2(p-1)/p n beta")
+    hint = ("Which rows are the course's ring, in which units are their sizes and times, and what does the ring's "
+            "model say one call of n bytes costs on p ranks?")
     got = call_learner(exercise, fit_course_ring, rows, hint=hint)
     ring = [r for r in rows if r["op"] == "ring"]
     want = costmodel.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] / 1e6 for r in ring],
@@ -176,7 +176,8 @@ def _per_gpu_day() -> float:
 
 def check_interruptions_per_day(interruptions_per_day, exercise: str = "Exercise 16.1") -> None:
     """Expected unexpected interruptions per day on n GPUs at Llama 3's per-GPU rate (data/failure_rates.csv)."""
-    hint = "Llama 3's unexpected interruptions / days / GPUs is a rate per GPU-day; multiply it by the GPU count"
+    hint = ("Over how many days and how many GPUs did Llama 3 count its unexpected interruptions, and how does the "
+            "rate grow with the number of GPUs?")
     for n in (1, 1024, 16384, 100_000):
         got = _number(exercise, call_learner(exercise, interruptions_per_day, n, hint=hint), "a rate")
         if not math.isclose(got, n * _per_gpu_day(), rel_tol=1e-9):
@@ -186,8 +187,8 @@ def check_interruptions_per_day(interruptions_per_day, exercise: str = "Exercise
 
 def check_checkpoint_interval(checkpoint_interval_s, exercise: str = "Exercise 16.2") -> None:
     """Young's interval sqrt(2 C M) in seconds (CACM 17(9), 1974), M = 1 / (n x Llama 3's rate per GPU-day)."""
-    hint = ("M is the mean time between failures in seconds: 86,400 / (interruptions per day for that many GPUs); "
-            "then sqrt(2 x save time x M). If exercise 16.1 is wrong, fix it first.")
+    hint = ("What is the mean time between failures of that many GPUs, in seconds, and which two costs does Young's "
+            "interval balance? If exercise 16.1 is wrong, fix it first.")
     for save_s, n in ((60, 16384), (10, 1024), (300, 100_000)):
         got = _number(exercise, call_learner(exercise, checkpoint_interval_s, save_s, n, hint=hint), "seconds")
         want = math.sqrt(2 * save_s * 86400 / (n * _per_gpu_day()))

@@ -253,7 +253,7 @@ def check_causal_ring_attention(ring_attention_zigzag,
                 if torch.isnan(out).any() or torch.isinf(out).any():
                     raise ExerciseFailed(f"{exercise}: {case}: your output has NaN or inf in rows "
                                          f"{sorted({int(i) for i in torch.nonzero(~out.isfinite())[:, 0]})}: an "
-                                         f"exp overflowed (subtract the running maximum before exp), or a 0/0.\n"
+                                         f"exp overflowed (what keeps exp finite when scores are large?), or a 0/0.\n"
                                          f"Hint: {hint}")
                 # float64, the same sums in another order: within ~S * 2^-53 of the values' size, far below 1e-10
                 if not torch.allclose(out, want, rtol=0, atol=1e-10):

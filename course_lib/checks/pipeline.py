@@ -224,11 +224,11 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14.3 (loss sca
                 if diff > 1e-6:
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: weights differ from the reference by "
-                        f"{diff:.3g}; the gradients hold loss x scale: divide by the scale used in this step's "
-                        f"backward, before updating the scale.\nHint: {hint}")
+                        f"{diff:.3g}; the gradients hold loss x scale: which scale, and does it change before you "
+                        f"use it?\nHint: {hint}")
                 if got[3] != ["all_reduce"]:
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: your step ran {got[3] or 'no '} "
-                        f"collectives; it needs exactly one all_reduce (of the found-inf flag).\nHint: {hint}")
+                        f"collectives; how many does it take for every stage to agree on one bit?\nHint: {hint}")
     passed(exercise, f"2 and 3 stages, {STEPS} steps with overflows on one stage: every stage skips together, "
                      f"scale and weights follow GradScaler's rules, one all_reduce per step")
