@@ -1,8 +1,32 @@
-"""course_lib: the helper library of the distributed-training course; notebooks import it next to torch."""
+"""course_lib: the helper library of the distributed-training course; notebooks import it next to torch.
 
-from .devices import LaunchError, device, plan
-from .launch import run
-from .results import RankFailed, RankTimeout, RunResult
+The names below are loaded on first use (PEP 562), so ``import course_lib.viz`` or the rank server's
+``course_lib._forkserver`` does not pay for the launcher it never uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"run": "launch", "device": "devices", "plan": "devices", "LaunchError": "devices",
+          "RankFailed": "results", "RankTimeout": "results", "RunResult": "results"}
 
 __all__ = ["run", "device", "plan", "LaunchError", "RankFailed", "RankTimeout", "RunResult"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value  # once loaded, an ordinary attribute
+        return value
+    try:  # a submodule asked for as an attribute (course_lib.launch), as an eager package would have it
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise  # the submodule exists and failed to import something: that error is the story
+        raise AttributeError(f"module 'course_lib' has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted([*globals(), *_WHERE])

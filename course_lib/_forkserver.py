@@ -154,10 +154,22 @@ class ForkServer:
         """Fork one rank; returns its pid."""
         request = self._next_request
         self._next_request += 1
-        send_msg(self.sock, dict(payload, request=request), fds)
-        while request not in self._pids:
-            if not self.pump(timeout=30.0):
-                raise RuntimeError("the rank server stopped answering while starting a rank")
+        try:
+            send_msg(self.sock, dict(payload, request=request), fds)
+            while request not in self._pids:
+                if not self.pump(timeout=30.0):
+                    raise RuntimeError("the rank server stopped answering while starting a rank")
+        except KeyboardInterrupt:
+            # The stop button between the request and its pid: the rank may exist already, and nobody would end
+            # it. Learn its pid (a moment) and end it before the interrupt goes on.
+            end = time.monotonic() + 5.0
+            while request not in self._pids and time.monotonic() < end and self.pump(timeout=0.1):
+                pass
+            if request in self._pids:
+                from .runtime.ending import signal_group
+
+                signal_group(self._pids.pop(request), signal.SIGKILL)
+            raise
         return self._pids.pop(request)
 
     def pump(self, timeout: float = 0.0) -> bool:

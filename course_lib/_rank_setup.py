@@ -54,6 +54,10 @@ def become_rank(msg: dict, out_fd: int, err_fd: int, life_fd: int) -> None:
     import torch
     import torch.distributed as dist
 
+    if msg.get("stack_file"):  # a hang report can ask this rank where it waits (runtime/stacks.py)
+        from .runtime.stacks import arm
+
+        arm(msg["stack_file"])
     torch.set_num_threads(msg["threads"])
     dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG when the server imported it
 
@@ -67,8 +71,9 @@ def init_group(msg: dict) -> None:
     store = dist.FileStore(msg["store_file"], msg["world_size"])
     extra = {}
     if msg["backend"] == "nccl":
-        torch.cuda.set_device(msg["local_rank"])
-        extra["device_id"] = torch.device("cuda", msg["local_rank"])
+        gpu = torch.device(msg["device"])  # the plan's GPU for this rank (LAB_GPUS may name others than 0..n-1)
+        torch.cuda.set_device(gpu)
+        extra["device_id"] = gpu
     dist.init_process_group(
         msg["backend"], store=store, rank=msg["rank"], world_size=msg["world_size"], timeout=timeout, **extra
     )

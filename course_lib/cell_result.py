@@ -42,6 +42,22 @@ class CellFailed(RankFailed):
         return str(self).split("\n")
 
 
+class CellTimeout(RuntimeError):
+    """A %%ranks cell ran past its deadline: which ranks were still busy, and where each one was."""
+
+    def __init__(self, limit: float, busy: list[int], finished: list[int], where: str, restarted: bool):
+        self.limit, self.busy, self.finished, self.where, self.restarted = limit, busy, finished, where, restarted
+        done = f" {names(finished).capitalize()} had finished the cell." if finished else ""
+        then = ("They stayed blocked in C++ (a collective or recv waiting for a peer), so the group was restarted: "
+                "every rank's variables are gone." if restarted else
+                "They were interrupted, as the stop button does; every rank keeps its variables.")
+        super().__init__(f"the cell had not finished on {names(busy)} after {limit:g} s (the cell's deadline; "
+                         f"%%ranks --timeout S sets another).{done}\n\n{where}\n\n{then}")
+
+    def _render_traceback_(self):  # the report, not the kernel-side stack
+        return f"{type(self).__name__}: {self}".split("\n")
+
+
 _FAILURE_CLASSES: dict[str, type] = {}
 
 

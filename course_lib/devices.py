@@ -75,12 +75,15 @@ def plan(backend: str = "auto", world_size: int = 4, gpus: int | None = None, av
             "'gloo' (CPU, works everywhere), 'nccl' (one GPU per rank) or 'mpi' (torch built with MPI)."
         )
     backend = backend.lower()
-    gpus = gpu_count() if gpus is None else gpus
+    # The GPU rule holds for run() too: LAB_GPUS, when set, names this node's GPUs (node_gpus below).
+    chosen = node_gpus() if gpus is None else list(range(gpus))
+    gpus = len(chosen)
     available = available or backend_available
 
     if backend == "auto":
         if gpus >= world_size and available("nccl"):
-            return Plan("nccl", tuple(f"cuda:{r}" for r in range(world_size)), f"{gpus} GPU(s) for {world_size} ranks")
+            return Plan("nccl", tuple(f"cuda:{chosen[r]}" for r in range(world_size)),
+                        f"{gpus} GPU(s) for {world_size} ranks")
         if gpus == 0:
             why = "no GPU here"
         elif not available("nccl"):
@@ -101,7 +104,7 @@ def plan(backend: str = "auto", world_size: int = 4, gpus: int | None = None, av
                 f"NCCL needs one GPU per rank (two ranks on one GPU fail with 'Duplicate GPU detected'). "
                 f"Use world_size={gpus} or fewer, or backend='gloo' to run {world_size} ranks on the CPU."
             )
-        return Plan("nccl", tuple(f"cuda:{r}" for r in range(world_size)), "NCCL, one GPU per rank")
+        return Plan("nccl", tuple(f"cuda:{chosen[r]}" for r in range(world_size)), "NCCL, one GPU per rank")
 
     if not available(backend):
         hint = "Use backend='gloo' instead."

@@ -20,7 +20,6 @@ import csv
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .runtime.ending import end_tree
 from .student import BEGIN, _source, exercise_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,50 +107,6 @@ def _bound_names(source: str) -> set[str]:
 
 
 # ------------------------------------------------------------------ processes
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, theirs, ...), read from /proc: the ranks a kernel forked too."""
-    by_parent: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            by_parent.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in by_parent.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``, every process under it and every process group they lead (the course's rank server and
-    ranks run in their own groups), never this process's own group."""
-    if pid is None or pid <= 0:
-        return
-    procs = [pid, *_descendants(pid)]
-    own = os.getpgrp()
-    groups = set()
-    for p in procs:
-        try:
-            groups.add(os.getpgid(p))
-        except ProcessLookupError:
-            pass
-    for g in groups - {own}:
-        try:
-            os.killpg(g, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for p in procs:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def kernel_manager(folder: str):
     """A kernel manager for a kernel that talks over local IPC sockets in ``folder``: no network port, and no
     "Kernel is running over TCP without encryption" warning from ipykernel."""
@@ -173,7 +129,7 @@ def execute(nb, cwd: Path, timeout: float) -> None:
             try:
                 client.execute()
             finally:
-                kill_tree(km.provisioner.pid if km.provisioner is not None else None)
+                end_tree(km.provisioner.pid if km.provisioner is not None else None, polite=False)
                 if process is not None:
                     process.wait(timeout=10)    # reap it: no zombie left behind
 
@@ -240,7 +196,7 @@ class _Run:
                     self._left_out(i, isinstance(exc, CellTimeoutError))
                     i += 1
                 finally:
-                    kill_tree(pid)      # the kernel, its rank server and any rank still running
+                    end_tree(pid, polite=False)   # the kernel, its rank server and any rank still running
         for label in self.checks.values():
             self.verdict(label, "not run", "")
 
@@ -330,11 +286,8 @@ def _start(job: _Job, cell_timeout: float, cwd: Path) -> None:
 def _stop(job: _Job) -> None:
     """The hard bound: the worker's process group, then the kernel it last started and everything below it."""
     kernel = int(job.pidfile.read_text() or 0) if job.pidfile.exists() else 0
-    try:
-        os.killpg(job.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    kill_tree(kernel)
+    end_tree(job.proc.pid, polite=False)
+    end_tree(kernel, polite=False)
     job.proc.wait()
     job.killed = True
 
@@ -369,7 +322,8 @@ def grade_all(submissions: Path, worked_dir: Path, out_dir: Path, cell_timeout: 
             if job.proc.poll() is not None:
                 running.remove(job)
                 done.append(job)
-                kill_tree(int(job.pidfile.read_text() or 0) if job.pidfile.exists() else 0)   # nothing outlives it
+                kernel = int(job.pidfile.read_text() or 0) if job.pidfile.exists() else 0
+                end_tree(kernel, polite=False)   # nothing outlives it
                 got = _grades_of(job, worked_dir, submission_timeout)
                 print(f"{job.student} {job.path.name}: {sum(g.points for g in got)}/{len(got)} in "
                       f"{time.monotonic() - job.started:.0f} s", flush=True)

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import inspect
 import os
-import selectors
 import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 
 from ._forkserver import get_server
 from .devices import LaunchError, plan
@@ -37,8 +37,11 @@ from .machine_limits import check_platform, check_world_size
 from .nccl_rules import wanted
 from .protocol import DRAIN_S, SETUP_ATTEMPTS, STOP_GRACE_S, WATCH_SLACK_S
 from .rank_failure import RankFailure, first_of, resolve_frames
-from .rank_process import Escalation, RankProcess, end_ranks, payload, rank_preloads, spawn
+from .rank_process import RankProcess, end_ranks, payload, rank_preloads, spawn
 from .results import RankFailed, RankTimeout, RunResult
+from .runtime.ending import Escalation
+from .runtime.loop import Loop
+from .runtime.stacks import dump, flight_records, main_frames, report, where
 
 RUNNING, GRACE, SIGTERM, SIGKILL, DRAINED = "running", "grace", "SIGTERM", "SIGKILL", "drained"
 
@@ -54,60 +57,88 @@ class _Launch:
         self.unfinished_at_deadline: list[int] | None = None
         self.phase = RUNNING
         self.wall = 0.0
+        self.stack_files: dict[int, str] = {}   # rank -> the file its stack is dumped into (runtime/stacks.py)
+        self.folder = ""                        # the launch's private folder: rendezvous, stacks, flight records
+        self.stacks: dict[int, list] = {}       # rank -> its main thread's frames, dumped while it still ran
 
     def watch(self) -> None:
         """Read output and results and move through the phases until every rank is drained."""
-        sel = selectors.DefaultSelector()
+        loop = Loop()
         for rp in self.ranks:
             for kind, fd in rp.fds.items():
-                sel.register(fd, selectors.EVENT_READ, (rp, kind))
-        sel.register(self.server.fileno(), selectors.EVENT_READ, None)
-        deadline = time.monotonic() + self.timeout + WATCH_SLACK_S
-        escalation, grace_end, judged = Escalation(self.ranks), 0.0, set()
-        try:
-            while self.phase != DRAINED:
-                for key, _ in sel.select(timeout=0.05):
-                    self._read(sel, key)
-                now = time.monotonic()
-                for rp in self.ranks:
-                    rp.note_exit(self.server.exits, now)
-                    if rp.rank not in judged and rp.done(now, DRAIN_S):
-                        judged.add(rp.rank)
-                        self._judge(rp)
-                if len(judged) == len(self.ranks):
-                    self.phase = DRAINED
-                elif self.phase == RUNNING and self.failures:  # the first failure
-                    self.phase, grace_end = GRACE, now + STOP_GRACE_S
-                elif self.phase == RUNNING and now > deadline:
-                    self.unfinished_at_deadline = [rp.rank for rp in self.ranks if rp.exit is None]
-                    self.phase = SIGTERM
-                    escalation.terminate(now)
-                elif self.phase == GRACE and now >= grace_end:
-                    self.phase = SIGTERM
-                    escalation.terminate(now)
-                elif self.phase in (SIGTERM, SIGKILL):
-                    escalation.tick(now)
-                    self.phase = DRAINED if escalation.phase == "gave up" else escalation.phase
-        finally:
-            sel.close()
+                loop.watch(fd, partial(self._read, rp, kind))
+        loop.watch(self.server.fileno(), self._pump)
+        self._deadline = time.monotonic() + self.timeout + WATCH_SLACK_S
+        self._escalation, self._grace_end, self._judged = Escalation(self.ranks), 0.0, set()
+        loop.run(lambda: self.phase == DRAINED, tick=self._tick)
 
-    def _read(self, sel, key) -> None:
-        if key.data is None:  # the server reports pids and exit codes
-            if not self.server.pump(0):
-                raise RuntimeError("the rank server died; run the cell again to restart it")
-            return
-        rp, kind = key.data
+    def _tick(self, now: float) -> None:
+        """Judge the ranks that ended, then move on one phase if its condition holds (the table in the docstring)."""
+        escalation = self._escalation
+        for rp in self.ranks:
+            rp.note_exit(self.server.exits, now)
+            if rp.rank not in self._judged and rp.done(now, DRAIN_S):
+                self._judged.add(rp.rank)
+                self._judge(rp)
+        if len(self._judged) == len(self.ranks):
+            self.phase = DRAINED
+        elif self.phase == RUNNING and self.failures:  # the first failure
+            if any(f.timed_out for f in self.failures):  # a hang: where are the ranks still running?
+                self._locate([rp for rp in self.ranks if rp.exit is None])
+            self.phase, self._grace_end = GRACE, time.monotonic() + STOP_GRACE_S
+        elif self.phase == RUNNING and now > self._deadline:
+            self.unfinished_at_deadline = [rp.rank for rp in self.ranks if rp.exit is None]
+            self._locate([rp for rp in self.ranks if rp.exit is None])
+            self.phase = SIGTERM
+            escalation.terminate(time.monotonic())
+        elif self.phase == GRACE and now >= self._grace_end:
+            self.phase = SIGTERM
+            escalation.terminate(now)
+        elif self.phase in (SIGTERM, SIGKILL):
+            escalation.tick(now)
+            self.phase = DRAINED if escalation.phase == "gave up" else escalation.phase
+
+    def _pump(self) -> bool:
+        """The server reports pids and exit codes."""
+        if not self.server.pump(0):
+            raise RuntimeError("the rank server died; run the cell again to restart it")
+        return True
+
+    def _read(self, rp: RankProcess, kind: str) -> bool:
+        """What a rank's pipe holds now, printed as it comes with output="live"; False once the pipe is at its end."""
         lines = rp.read(kind)
         if lines and self.output == "live":
             stream = sys.stdout if kind == "out" else sys.stderr
             stream.write("".join(f"[rank {rp.rank}] {line}" for line in lines))
             stream.flush()
-        if kind not in rp.open:
-            sel.unregister(key.fd)
+        return kind in rp.open
+
+    def _locate(self, procs: list[RankProcess]) -> None:
+        """Ask the ranks still running for their stacks (a hang): where each one waits goes into the report."""
+        if procs and self.stack_files:
+            texts = dump({rp.rank: rp.pid for rp in procs}, self.stack_files)
+            self.stacks.update({r: main_frames(t) for r, t in texts.items() if main_frames(t)})
+
+    def where(self, fn) -> str:
+        """One line per place the ranks were when the launch hung: dumped stacks and timed-out tracebacks."""
+        places = {}
+        for f in self.failures:  # a rank's own traceback first: its stack may have been dumped as it was leaving
+            if f.phase == "teardown":  # the course's end-of-run barrier, not the learner's code
+                places[f.rank] = "had returned from the function and waited for the others"
+            elif f.timed_out:
+                places[f.rank] = where(resolve_frames(f.frames, fn)) + " (timed out there)"
+        for r, frames in self.stacks.items():
+            if r not in places and where(resolve_frames(frames, fn)):
+                places[r] = where(resolve_frames(frames, fn))
+        for r, last in flight_records(self.folder).items():  # NCCL only: what the GPU was doing
+            places[r] = (places[r] + "; " if r in places else "") + f"NCCL's flight recorder: {last}"
+        return report(places) if places else ""
 
     def _judge(self, rp: RankProcess) -> None:
         """Record how a finished rank failed, if it did; the first failure remembers who was still running."""
         res = rp.result()
+        # the wall clock of the exit, as a rank's own report carries one (time.time): first_of compares them
+        exited = time.time() - (time.monotonic() - rp.exit_seen)
         if res is not None and not res["ok"]:
             failure = RankFailure(rp.rank, "raised", res["message"], res["time"], etype=res["etype"],
                                   frames=res.get("frames", []), traceback=res["traceback"],
@@ -115,10 +146,10 @@ class _Launch:
         elif rp.stopped_by_us and rp.exit in (-15, -9):  # SIGTERM, SIGKILL: we ended it, it did not fail
             return
         elif rp.exit is not None and rp.exit < 0:  # a SIGABRT or SIGSEGV, even one that beat our signal
-            failure = RankFailure(rp.rank, "signal", "", rp.exit_seen, exitcode=rp.exit, stderr_tail=rp.tail("err"))
+            failure = RankFailure(rp.rank, "signal", "", exited, exitcode=rp.exit, stderr_tail=rp.tail("err"))
         elif rp.exit != 0 or res is None:
             why = f"exited with code {rp.exit}" + ("" if res else " without returning a result")
-            failure = RankFailure(rp.rank, "exit", why, rp.exit_seen, exitcode=rp.exit, stderr_tail=rp.tail("err"))
+            failure = RankFailure(rp.rank, "exit", why, exited, exitcode=rp.exit, stderr_tail=rp.tail("err"))
         else:
             return
         if not self.failures:
@@ -142,7 +173,8 @@ class _Launch:
         tails = lambda ranks: {r: self.ranks[r].tail("out", 5) for r in ranks}  # noqa: E731
         if self.unfinished_at_deadline is not None:
             late = self.unfinished_at_deadline
-            raise RankTimeout(self.timeout, late, [r for r in range(len(self.ranks)) if r not in late], tails(late))
+            raise RankTimeout(self.timeout, late, [r for r in range(len(self.ranks)) if r not in late], tails(late),
+                              self.where(fn), self.wall)
         if self.failures:
             first = first_of(self.failures)
             if first.phase == "teardown":
@@ -150,11 +182,12 @@ class _Launch:
                 # the ranks it waited for are the story, not the waiting rank's timeout message.
                 done = sorted(f.rank for f in self.failures)
                 late = [r for r in self.running_at_failure if r not in done] or [first.rank]
-                raise RankTimeout(self.timeout, late, done, tails(late))
+                raise RankTimeout(self.timeout, late, done, tails(late), self.where(fn), self.wall)
+            hung = self.where(fn) if (self.stacks or any(f.timed_out for f in self.failures)) else ""
             for f in self.failures:
                 f.frames = resolve_frames(f.frames, fn)
             raise RankFailed(first, [f for f in self.failures if f is not first],
-                             [r for r in self.running_at_failure if r != first.rank])
+                             [r for r in self.running_at_failure if r != first.rank], hung)
         results = [rp.result() for rp in self.ranks]
         return RunResult(
             values=[r["value"] for r in results],
@@ -252,18 +285,22 @@ def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output, r
     rdzv = tempfile.mkdtemp(prefix="course_lib-rdzv-")
     with server.lock:
         launch = _Launch(server, the_plan, timeout, output)
+        launch.folder = rdzv
         t0 = time.perf_counter()
         try:
             for rank in range(the_plan.world_size):
+                launch.stack_files[rank] = os.path.join(rdzv, f"stack-{rank}")
                 launch.ranks.append(spawn(server, payload(
                     the_plan, rank, timeout=timeout, check_collectives=check_collectives,
                     store_file=os.path.join(rdzv, "store"), entry="course_lib._rank_main", fn=fn_bytes, init=init,
-                    nccl_rules=rules)))
+                    nccl_rules=rules, stack_file=launch.stack_files[rank])))
             launch.watch()
         finally:
-            end_ranks(launch.ranks, server)  # nothing to do after a normal end; after Ctrl-C or an error, the rest
-            for rp in launch.ranks:
-                rp.close()
-            shutil.rmtree(rdzv, ignore_errors=True)
+            try:
+                end_ranks(launch.ranks, server)  # nothing to do after a normal end; after Ctrl-C or an error, the rest
+            finally:  # a second Ctrl-C while ranks are ended still closes the pipes and removes the folder
+                for rp in launch.ranks:
+                    rp.close()
+                shutil.rmtree(rdzv, ignore_errors=True)
         launch.wall = time.perf_counter() - t0
     return launch

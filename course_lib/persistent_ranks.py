@@ -18,14 +18,15 @@ import time
 
 from . import transfer
 from ._forkserver import get_server
-from .cell_result import CellResult, assemble
+from .cell_result import CellResult, CellTimeout, assemble
 from .devices import plan
 from .machine_limits import check_platform, check_world_size
 from .nccl_rules import wanted
-from .protocol import ASK_EXIT_S, CELL_SLACK_S, INTERRUPT_GRACE_S, SETUP_ATTEMPTS
+from .protocol import ASK_EXIT_S, CELL_SLACK_S, CELL_TIMEOUT_S, INTERRUPT_GRACE_S, SETUP_ATTEMPTS
 from .rank_channel import Channel, ok
 from .rank_process import end_ranks, payload, rank_preloads, spawn
 from .restart_policy import after_cell, after_interrupt, refusal, still_running
+from .runtime.stacks import cell_place, dump, main_frames, report
 
 _live: list[Ranks] = []  # every started group, stopped at interpreter exit (kernel shutdown)
 
@@ -34,11 +35,14 @@ class Ranks:
     """A persistent group of ``world_size`` ranks; each keeps its variables between cells (``run_cell``)."""
 
     def __init__(self, world_size: int = 4, backend: str = "auto", timeout: float = 30.0,
-                 check_collectives: bool = False, oversubscribe: bool = False, nccl_rules: bool | None = None):
+                 check_collectives: bool = False, oversubscribe: bool = False, nccl_rules: bool | None = None,
+                 cell_timeout: float = CELL_TIMEOUT_S):
         check_platform()
         self.plan = plan(backend, world_size)  # refuses an impossible request before any process starts
         check_world_size(self.plan.world_size, oversubscribe)
         self.timeout, self.check = float(timeout), check_collectives
+        self.cell_timeout = float(cell_timeout)  # every cell's deadline, unless run_cell is given another
+        self.stack_files: dict[int, str] = {}
         self.nccl_rules = wanted(nccl_rules, backend, self.plan.backend)
         self.channel: Channel | None = None
         self.broken = ""  # why the group cannot run cells any more ("" while it can)
@@ -84,9 +88,11 @@ class Ranks:
         self.channel = Channel(server, [])
         with server.lock:
             for rank in range(self.world_size):
+                self.stack_files[rank] = os.path.join(self._rdzv, f"stack-{rank}")
                 the_payload = payload(self.plan, rank, timeout=self.timeout, check_collectives=self.check,
                                       store_file=os.path.join(self._rdzv, "store"),
-                                      entry="course_lib._interactive_rank", nccl_rules=self.nccl_rules)
+                                      entry="course_lib._interactive_rank", nccl_rules=self.nccl_rules,
+                                      stack_file=self.stack_files[rank])
                 the_payload["env"]["MPLBACKEND"] = "Agg"  # ranks draw headless; their figures come back as PNGs
                 self.channel.procs.append(spawn(server, the_payload, persistent=True))
 
@@ -95,15 +101,16 @@ class Ranks:
         channel, self.channel = self.channel, None
         if self in _live:
             _live.remove(self)
-        if channel is not None:
-            if channel.server.alive():
+        try:
+            if channel is not None and channel.server.alive():
                 channel.ask_exit(ASK_EXIT_S)
                 end_ranks(channel.procs, channel.server)
-            for p in channel.procs:
+        finally:  # a second Ctrl-C while the ranks are ended still closes the pipes and removes the folder
+            for p in channel.procs if channel is not None else []:
                 p.close()
-        if self._rdzv:
-            shutil.rmtree(self._rdzv, ignore_errors=True)
-            self._rdzv = None
+            if self._rdzv:
+                shutil.rmtree(self._rdzv, ignore_errors=True)
+                self._rdzv = None
 
     def restart(self) -> Ranks:
         """A fresh group (new processes, empty namespaces): the way out of a broken or out-of-step group."""
@@ -132,17 +139,20 @@ class Ranks:
             raise ValueError(f"ranks must be numbers 0..{self.world_size - 1}; got {ranks!r}")
         return [self.procs[r] for r in sorted(set(ranks))]
 
-    def run_cell(self, code: str, ranks=None, show: bool = True) -> CellResult:
-        """Run ``code`` on every rank (or on ``ranks``), keeping each rank's variables; raise CellFailed on error."""
+    def run_cell(self, code: str, ranks=None, show: bool = True, timeout: float | None = None) -> CellResult:
+        """Run ``code`` on every rank (or on ``ranks``), keeping each rank's variables; raise CellFailed on error,
+        CellTimeout (saying where each rank was) past ``timeout`` seconds (default: the group's cell_timeout)."""
         procs = self._select(ranks)
         self.channel.drain()  # what a rank wrote between cells (C++ warnings) belongs to this cell's output
         t0 = time.perf_counter()
         seq = self.channel.send(procs, ("cell", code))
-        deadline, running = [None], []
+        limit = self.cell_timeout if timeout is None else float(timeout)
+        deadline, failed, running = [time.monotonic() + limit], [False], []
 
         def first_failure(p):
-            if deadline[0] is None:
-                deadline[0] = time.monotonic() + self.timeout + CELL_SLACK_S
+            if not failed[0]:
+                failed[0] = True
+                deadline[0] = min(deadline[0], time.monotonic() + self.timeout + CELL_SLACK_S)
                 running[:] = [q.rank for q in procs if q.reply is None]
                 if running and show:
                     print(still_running(p.rank, running, self.timeout), file=sys.stderr, flush=True)
@@ -151,6 +161,8 @@ class Ranks:
             self.channel.wait(procs, seq, lambda: deadline[0], first_failure)
         except KeyboardInterrupt:
             self._interrupt(procs, seq, show)
+        if not failed[0] and any(p.reply is None for p in procs):
+            self._past_deadline(procs, seq, code, limit, show)
         stuck = [p.rank for p in procs if p.reply is None]
         result = assemble(self.procs, procs, time.perf_counter() - t0)
         if show:
@@ -163,6 +175,25 @@ class Ranks:
         if error is not None:
             raise error
         return result
+
+    def _past_deadline(self, procs, seq, code: str, limit: float, show: bool) -> None:
+        """The cell ran past its deadline: say where each busy rank is, interrupt them, restart if one is stuck."""
+        busy = [p for p in procs if p.reply is None]
+        texts = dump({p.rank: p.pid for p in busy}, self.stack_files)
+        places = {r: cell_place(main_frames(t), code) for r, t in texts.items()}
+        self.channel.interrupt(busy)  # as the stop button: a rank in Python stops and keeps its variables
+        try:
+            self.channel.wait(busy, seq, time.monotonic() + INTERRUPT_GRACE_S)
+        except KeyboardInterrupt:
+            pass
+        stuck = [p.rank for p in busy if p.reply is None]
+        result = assemble(self.procs, procs, limit)
+        if show:
+            result.show()
+        if stuck:  # blocked in C++ (a collective or recv): only new processes get the group back
+            self.restart()
+        raise CellTimeout(limit, [p.rank for p in busy], [r for r in result.finished], report(places),
+                          restarted=bool(stuck))
 
     def _interrupt(self, procs, seq, show) -> None:
         """The stop button: relay SIGINT to every busy rank; restart the group if one stays blocked in C++."""

@@ -45,6 +45,9 @@ KILL_WAIT_S = 5.0
 # A rank that exited may have started children that still hold its pipes open; its output is considered
 # complete this long after its exit even without EOF.
 DRAIN_S = 1.0
+# A %%ranks cell's own deadline unless the cell or the group says otherwise (%%ranks --timeout S, Ranks(cell_timeout=)):
+# long enough for a lesson's training cell on 2 cores, short enough that an endless loop ends while one watches.
+CELL_TIMEOUT_S = 120.0
 # A persistent rank asked to exit (between cells) gets this long before SIGTERM.
 ASK_EXIT_S = 1.0
 # After relaying a stop press to persistent ranks: a rank still busy after this is blocked in C++ (a collective

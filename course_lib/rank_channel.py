@@ -7,12 +7,13 @@ messages are listed in docs/ARCHITECTURE.md.
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import time
+from functools import partial
 
 from .protocol import recv_msg, send_msg
 from .rank_process import RankProcess
+from .runtime.loop import Loop
 
 
 class Channel:
@@ -44,39 +45,37 @@ class Channel:
         """
         for p in procs:
             p.reply = None
-        sel = selectors.DefaultSelector()
+        loop = Loop()
         for p in self.procs:
             for kind in ("out", "err"):
                 if kind in p.open:
-                    sel.register(p.fds[kind], selectors.EVENT_READ, (p, kind))
+                    loop.watch(p.fds[kind], partial(self._read, p, kind))
             if p in procs:
-                sel.register(p.ctl, selectors.EVENT_READ, (p, None))
+                loop.watch(p.ctl, partial(self._answer, p, seq, on_failure))
         try:
-            while any(p.reply is None for p in procs):
-                limit = deadline() if callable(deadline) else deadline
-                if limit is not None and time.monotonic() > limit:
-                    return
-                for key, _ in sel.select(timeout=0.1):
-                    p, kind = key.data
-                    if kind is not None:
-                        p.read(kind)
-                        if kind not in p.open:
-                            sel.unregister(key.fd)
-                        continue
-                    try:
-                        msg, _ = recv_msg(p.ctl)
-                    except OSError:
-                        msg = None
-                    if msg is None:  # the rank died: its exit code comes from the server
-                        sel.unregister(p.ctl)
-                        p.reply = ("died", self.exit_code(p))
-                    elif msg[0] in ("ready", "failed") or msg[1] == seq:
-                        p.reply = msg
-                    if p.reply and on_failure and not ok(p.reply):
-                        on_failure(p)
+            loop.run(lambda: all(p.reply is not None for p in procs),
+                     deadline if callable(deadline) else (lambda: deadline))
         finally:
-            sel.close()
             self.drain()
+
+    @staticmethod
+    def _read(p: RankProcess, kind: str) -> bool:
+        p.read(kind)
+        return kind in p.open
+
+    def _answer(self, p: RankProcess, seq: int | None, on_failure) -> bool:
+        """A message on p's control socket: the reply to ``seq`` (or the rank's first word), or EOF: it died."""
+        try:
+            msg, _ = recv_msg(p.ctl)
+        except OSError:
+            msg = None
+        if msg is None:  # the rank died: its exit code comes from the server
+            p.reply = ("died", self.exit_code(p))
+        elif msg[0] in ("ready", "failed") or msg[1] == seq:
+            p.reply = msg
+        if p.reply and on_failure and not ok(p.reply):
+            on_failure(p)
+        return msg is not None
 
     def exit_code(self, p: RankProcess, within: float = 1.0) -> int | None:
         """The exit code the server reports for ``p`` (None if it did not within ``within`` seconds)."""

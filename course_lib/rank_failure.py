@@ -105,7 +105,7 @@ class RankFailure:
     rank: int
     kind: str  # "raised" | "signal" | "exit" | "timeout"
     message: str  # the rank's own words, unchanged (str of its exception)
-    time: float
+    time: float  # wall clock (time.time) of the failure, the same clock in a rank and in the kernel
     etype: str = ""
     frames: list = field(default_factory=list)
     traceback: str = ""

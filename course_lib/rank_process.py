@@ -7,12 +7,12 @@ One life cycle for both kinds of ranks, one-shot (course_lib/launch.py) and pers
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import time
 
-from .protocol import KILL_WAIT_S, STARTED, TERM_TO_KILL_S
+from .protocol import STARTED
+from .runtime.ending import Escalation
 from .transfer import Receiver
 
 PIPE_BYTES = 1 << 20  # a result pipe this large moves a big result in 1 MiB reads (Linux; elsewhere the default)
@@ -50,9 +50,18 @@ def rank_env(the_plan, rank: int, check_collectives: bool) -> dict:
 def payload(the_plan, rank: int, *, timeout: float, check_collectives: bool, store_file: str, **extra) -> dict:
     """What the rank server hands a new rank: who it is, how to join the group, and the kernel's env and paths."""
     n = the_plan.world_size
+    env = rank_env(the_plan, rank, check_collectives)
+    if the_plan.backend == "nccl":
+        # NCCL's flight recorder: the last collectives of each rank, dumped on a watchdog timeout into the launch's
+        # folder, where the hang report reads them (runtime/stacks.flight_records); both names torch has used
+        for size in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"):
+            env.setdefault(size, "2000")
+        for prefix in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):
+            env.setdefault(prefix, os.path.join(os.path.dirname(store_file), "flight_rank_"))
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     return {"rank": rank, "local_rank": rank, "world_size": n, "backend": the_plan.backend,
             "device": the_plan.devices[rank], "store_file": store_file, "timeout": timeout,
-            "threads": threads_per_rank(n), "env": rank_env(the_plan, rank, check_collectives), "cwd": os.getcwd(),
+            "threads": threads_per_rank(n), "env": env, "cwd": os.getcwd(),
             "sys_path": list(sys.path), **extra}
 
 
@@ -199,39 +208,6 @@ def spawn(server, the_payload: dict, persistent: bool = False) -> RankProcess:
         os.set_blocking(fd, False)
     fds = {"out": out_r, "err": err_r} | ({} if persistent else {"res": third_r})
     return RankProcess(the_payload["rank"], pid, fds, ours)
-
-
-class Escalation:
-    """Ending ranks that are still running: SIGTERM, SIGKILL TERM_TO_KILL_S later, giving up KILL_WAIT_S after."""
-
-    def __init__(self, procs: list[RankProcess]):
-        self.procs = procs
-        self.phase = "running"  # -> "SIGTERM" -> "SIGKILL" -> "gave up"
-        self.since = 0.0
-
-    def _send(self, sig: int, phase: str, now: float) -> None:
-        self.phase, self.since = phase, now
-        for p in self.procs:
-            if p.exit is None:
-                p.stopped_by_us = True
-                for kill in (os.killpg, os.kill):  # its process group (what it started), then itself
-                    try:
-                        kill(p.pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-
-    def terminate(self, now: float) -> None:
-        self._send(signal.SIGTERM, "SIGTERM", now)
-
-    def kill(self, now: float) -> None:
-        self._send(signal.SIGKILL, "SIGKILL", now)
-
-    def tick(self, now: float) -> None:
-        """Move on when the current phase's time is up."""
-        if self.phase == "SIGTERM" and now - self.since >= TERM_TO_KILL_S:
-            self.kill(now)
-        elif self.phase == "SIGKILL" and now - self.since >= KILL_WAIT_S:
-            self.phase = "gave up"
 
 
 def end_ranks(procs: list[RankProcess], server) -> None:

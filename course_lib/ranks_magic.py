@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from .cell_result import CellFailed
+from .cell_result import CellFailed, CellTimeout
 from .persistent_ranks import Ranks
 
 _current: Ranks | None = None
@@ -32,15 +32,22 @@ def _parse_ranks(text: str):
 def ranks_magic(line: str, cell: str | None = None):
     """%ranks start [N] [--backend B] [--timeout S] [--check] [--nccl-rules] | stop | restart | pull NAME [ranks]
     | status;
-    %%ranks [ranks] [--catch] runs the cell on those ranks (default all)."""
+    %%ranks [ranks] [--catch] [--timeout S] runs the cell on those ranks (default all), S seconds at most."""
     global _current
     if cell is not None:
         if _current is None or not _current.procs:
             raise RuntimeError("no ranks are running: start them first with %ranks start 4")
-        words = line.split()
+        words, limit = line.split(), None
+        if "--timeout" in words:
+            i = words.index("--timeout")
+            try:
+                limit = float(words[i + 1])
+            except (IndexError, ValueError):
+                raise ValueError(f"%%ranks --timeout takes seconds, like --timeout 30; got {line!r}") from None
+            del words[i:i + 2]
         try:
-            _current.run_cell(cell, _parse_ranks(" ".join(w for w in words if w != "--catch")))
-        except CellFailed as err:
+            _current.run_cell(cell, _parse_ranks(" ".join(w for w in words if w != "--catch")), timeout=limit)
+        except (CellFailed, CellTimeout) as err:
             if "--catch" not in words:  # --catch: show the failure without stopping "Run All" (for demos)
                 raise
             print(err, file=sys.stderr)

@@ -13,9 +13,9 @@ __all__ = ["RankFailed", "RankFailure", "RankTimeout", "RunResult"]
 class RankFailed(RuntimeError):
     """One rank failed; every other rank was stopped. ``.failure`` is the cause, ``.others`` what peers reported."""
 
-    def __init__(self, failure: RankFailure, others: list[RankFailure], still_running: list[int]):
+    def __init__(self, failure: RankFailure, others: list[RankFailure], still_running: list[int], where: str = ""):
         self.failure, self.others, self.still_running = failure, others, still_running
-        self.rank = failure.rank
+        self.rank, self.where = failure.rank, where  # where: each rank's line, after a timeout (runtime/stacks.py)
         super().__init__(self._text())
 
     done = "returned from the function"  # what a rank that is no longer part of the run had done
@@ -49,6 +49,8 @@ class RankFailed(RuntimeError):
             hint = hint_for(f.message, running, returned, self.done)
             if hint:
                 parts.append("Hint: " + hint)
+        if self.where:
+            parts.append(self.where)
         if f.stderr_tail:
             parts.append(f"Last lines rank {f.rank} wrote to stderr:\n{f.stderr_tail}")
         said = [o.short() for o in self.others if o.phase != "teardown"]
@@ -64,22 +66,27 @@ class RankFailed(RuntimeError):
 class RankTimeout(RankFailed):
     """The launch ran past its timeout; names the ranks that had not finished."""
 
-    def __init__(self, timeout: float, unfinished: list[int], finished: list[int], tails: dict[int, str]):
+    def __init__(self, timeout: float, unfinished: list[int], finished: list[int], tails: dict[int, str],
+                 where: str = "", elapsed: float | None = None):
         self.timeout, self.unfinished, self.finished, self.tails = timeout, unfinished, finished, tails
         had = "It was" if len(unfinished) == 1 else "They were"
         ended = f"{names(finished)} had" if finished else "no rank had"
+        after = timeout if elapsed is None else elapsed
         msg = (
-            f"{names(unfinished)} had not finished after {timeout:g} s (timeout={timeout:g}); {ended}. {had} "
+            f"{names(unfinished)} had not finished after {after:.3g} s (timeout={timeout:g}); {ended}. {had} "
             "stopped. Usual causes: a rank waits in send/recv or a collective that its peer never calls (check that "
             "every rank calls the same collectives in the same order), or the work needs more time (pass a larger "
             "timeout=)."
         )
+        if where:
+            msg += "\n\n" + where
         for r, tail in tails.items():
             if tail:
                 msg += f"\n\nLast output of rank {r}:\n{tail}"
         failure = RankFailure(rank=unfinished[0], kind="timeout", message=msg, time=0.0)
         RuntimeError.__init__(self, msg)
         self.failure, self.others, self.still_running, self.rank = failure, [], unfinished, unfinished[0]
+        self.where = where
 
 
 def _short(value, limit: int = 80) -> str:

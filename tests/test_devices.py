@@ -111,3 +111,16 @@ def test_run_refuses_arguments_that_cannot_reach_the_ranks(monkeypatch):
     monkeypatch.setattr(course_lib.launch, "get_server", lambda: pytest.fail("a process was about to start"))
     with pytest.raises(LaunchError, match="Could not send"):
         course_lib.run(lambda lock: None, 2, args=(threading.Lock(),))
+
+
+def test_plan_keeps_the_gpu_rule_of_lab_gpus(monkeypatch):
+    # the rule torchrun workers follow (devices.node_gpus) holds for run() as well: a node's GPUs are LAB_GPUS
+    from course_lib import devices
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: 4)
+    monkeypatch.setenv("LAB_GPUS", "2,3")
+    p = devices.plan("auto", 2, available=lambda name: True)
+    assert p.backend == "nccl" and p.devices == ("cuda:2", "cuda:3")
+    assert devices.plan("auto", 3, available=lambda name: True).backend == "gloo"  # 2 GPUs for 3 ranks
+    monkeypatch.setenv("LAB_GPUS", "")
+    assert devices.plan("auto", 1, available=lambda name: True).backend == "gloo"  # none for this node

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..devices import LAB_GPUS, gpu_count
+from ..runtime.ending import end_tree
 from .group import FRESH_STORE_ENV
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -63,10 +64,23 @@ def environment(extra: dict | None = None) -> dict:
     return env
 
 
+def _lifeline():
+    """In the child before exec: SIGTERM when the process that started torchrun dies (a killed kernel), and
+    torchrun ends its workers on SIGTERM. Linux's PR_SET_PDEATHSIG; elsewhere nothing (the deadline still holds)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, in the parent: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
-    # A session of its own, so a time-out ends torchrun and every worker it started, and nothing else.
+    # A session of its own, so ending it never touches the kernel's group; its workers have sessions of their own
+    # (torch's SubprocessHandler), which runtime.ending.end_tree finds under it.
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            cwd=REPO, start_new_session=True)
+                            cwd=REPO, start_new_session=True, preexec_fn=_lifeline())
 
 
 def _finish(p: subprocess.Popen, deadline: float, t0: float) -> Finished:
@@ -74,16 +88,11 @@ def _finish(p: subprocess.Popen, deadline: float, t0: float) -> Finished:
         out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
         return Finished(p.returncode, out, time.monotonic() - t0)
     except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, _ = p.communicate(timeout=3)
-                break
-            except subprocess.TimeoutExpired:
-                out = ""
+        end_tree(p.pid)  # SIGTERM (torchrun stops its workers), then SIGKILL to whatever is left below it
+        try:
+            out, _ = p.communicate(timeout=3)
+        except subprocess.TimeoutExpired:
+            out = ""
         return Finished(None, (out or "") + f"\n[stopped after {deadline - t0:.0f} s]", time.monotonic() - t0)
 
 
@@ -132,11 +141,16 @@ def run_nodes(module: str, args=(), nnodes: int = 1, nproc: int = 2, timeout: fl
         def wait(i):
             results[i] = _finish(procs[i], deadline, t0)
 
-        threads = [threading.Thread(target=wait, args=(i,)) for i in range(nnodes)]
+        threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(nnodes)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except KeyboardInterrupt:  # the stop button: torchrun and every worker end now, not at the deadline
+            for p in procs:
+                end_tree(p.pid)
+            raise
         if attempt < 2 and any("EADDRINUSE" in r.output or "address already in use" in r.output.lower()
                                for r in results if r.returncode):
             continue  # someone took the free port first: a new port, a new try
