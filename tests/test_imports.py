@@ -127,3 +127,26 @@ def test_every_test_the_architecture_notes_name_exists():
         defined.add(path.stem)
     assert len(named) > 40
     assert sorted(named - defined) == []
+
+
+RUNTIME = {f"course_lib.{m}" for m in (
+    "launch", "persistent_ranks", "ranks_magic", "interactive", "rank_process", "rank_channel", "cell_result",
+    "restart_policy", "protocol", "transfer", "_forkserver", "_rank_setup", "_rank_main", "_interactive_rank",
+    "rank_failure", "results", "machine_limits", "devices", "nccl_rules", "nccl_order")}
+LESSONS = ("course_lib.checks", "course_lib.training", "course_lib.collectives", "course_lib.labs",
+           "course_lib.measure", "course_lib.bench", "course_lib.viz", "course_lib.costmodel", "course_lib.hardware")
+
+
+def test_the_layers_keep_their_import_rules():
+    # docs/ARCHITECTURE.md section 2: the runtime knows no lesson; drawing never starts ranks; lesson code never grades
+    graph = import_graph()
+    runtime = RUNTIME | {m for m in graph if m.startswith("course_lib.runtime")}
+    assert runtime <= set(graph), sorted(runtime - set(graph))  # a renamed runtime module must be renamed here too
+    knows_lessons = sorted((m, t) for m in runtime for t in graph[m] if t.startswith(LESSONS))
+    assert knows_lessons == [], knows_lessons
+    viz_starts_ranks = sorted((m, t) for m in graph if m.startswith("course_lib.viz") for t in graph[m] if t in runtime)
+    assert viz_starts_ranks == [], viz_starts_ranks
+    lessons_grade = sorted((m, t) for m in graph
+                           if m.startswith(("course_lib.training", "course_lib.collectives", "course_lib.measure"))
+                           for t in graph[m] if t.startswith(("course_lib.checks", "course_lib.grade")))
+    assert lessons_grade == [], lessons_grade
