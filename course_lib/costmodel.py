@@ -36,7 +36,8 @@ def ring_all_gather(p: int, n_bytes: float, alpha: float, beta: float) -> float:
 def ring_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
     """Ring all-reduce = ring reduce-scatter + ring all-gather: 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma.
 
-    Patarasuk & Yuan 2009 (bandwidth-optimal: every rank must send at least 2(p-1)/p n bytes); Baidu ring.
+    Patarasuk & Yuan 2009 (bandwidth-optimal): any all-reduce makes 2(p-1) n bytes of transfers in all, so its
+    ranks send 2(p-1)/p n on average and the busiest at least that much; the ring meets it on every rank. Baidu ring.
     """
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta + (p - 1) / p * n_bytes * gamma
 
@@ -126,6 +127,14 @@ def ps_vs_allreduce(n_workers: int, model_bytes: float, bandwidth: float, k_serv
         "ps_server_bytes_in": n * m / k,
         "ps_server_bytes_out": n * m / k,
     }
+
+
+def byteps_optimal(n_workers: int, model_bytes: float, bandwidth: float, k_cpu: int) -> float:
+    """BytePS's communication time with k CPU machines beside n GPU machines, each summing its optimal share
+    (Jiang et al. OSDI'20, Theorem 1): 2 n (n-1) M / ((n^2 + k n - 2k) B). k = 0 is ring all-reduce's 2(n-1)/n M/B,
+    k = n a PS on n machines of their own, M/B."""
+    n, k = n_workers, k_cpu
+    return 2 * n * (n - 1) * model_bytes / ((n * n + k * n - 2 * k) * bandwidth)
 
 
 def fit_alpha_beta(n_bytes: Iterable[float], seconds: Iterable[float], p: int = 2,

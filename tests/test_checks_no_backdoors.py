@@ -60,7 +60,7 @@ def test_no_library_function_gives_a_rings_bytes():
     from course_lib.training import compression, zero
 
     with pytest.raises(ExerciseFailed, match=_refused(r"training\.compression\.ring_sent_bytes")):
-        check_ring_bytes_prediction(lambda: compression.ring_sent_bytes(10, 4, 1))
+        check_ring_bytes_prediction(lambda rank, p, n: compression.ring_sent_bytes(n, p, rank))
     with pytest.raises(ExerciseFailed, match=_refused(r"training\.compression\.ring_sent_bytes")):
         check_ring_bytes(lambda n, m: compression.ring_sent_bytes(m // 4, n, 0))
     with pytest.raises(ExerciseFailed, match=_refused(r"training\.zero\.ring_bytes_formula")):

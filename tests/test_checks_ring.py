@@ -31,6 +31,33 @@ def ring(t):
     return t
 
 
+def blocking_ring(t, even_first=True):
+    """The same ring with blocking send/recv: even ranks send first (notebook 04), or rank 0 alone sends first."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(t.view(-1).tensor_split(p))
+    first = rank % 2 == 0 if even_first else rank == 0
+
+    def exchange(send, recv):
+        for sending in ((True, False) if first else (False, True)):
+            if sending and send.numel():
+                dist.send(send, (rank + 1) % p)
+            if not sending and recv.numel():
+                dist.recv(recv, (rank - 1) % p)
+
+    for s in range(p - 1):
+        incoming = torch.empty_like(chunks[(rank - s - 1) % p])
+        exchange(chunks[(rank - s) % p], incoming)
+        chunks[(rank - s - 1) % p] += incoming
+    for s in range(p - 1):
+        exchange(chunks[(rank + 1 - s) % p], chunks[(rank - s) % p])
+    return t
+
+
+def one_at_a_time_unless_divisible(t):
+    """A ring whenever p divides n, else a ring in which only one rank at a time may pass (p rounds a step)."""
+    return ring(t) if t.numel() % dist.get_world_size() == 0 else blocking_ring(t, even_first=False)
+
+
 def star(t):  # the right sum, through rank 0
     rank, p = dist.get_rank(), dist.get_world_size()
     if rank == 0:
@@ -64,6 +91,16 @@ def through_torch_ops(t):
 def test_a_ring_passes(capsys):
     check_ring_all_reduce(ring, world_sizes=(1, 3, 4))
     assert "✓ Exercise 6.1 passed" in capsys.readouterr().out
+
+
+def test_a_blocking_ring_with_even_ranks_first_passes(capsys):
+    check_ring_all_reduce(blocking_ring, world_sizes=(2, 3, 4, 5))
+    assert "✓ Exercise 6.1 passed" in capsys.readouterr().out
+
+
+def test_rounds_are_counted_when_p_does_not_divide_n():
+    with pytest.raises(ExerciseFailed, match=r"the messages formed 12 rounds"):
+        check_ring_all_reduce(one_at_a_time_unless_divisible, world_sizes=(3,), sizes=(3, 7), dtypes=(torch.float32,))
 
 
 def test_a_star_is_not_a_ring():
@@ -109,7 +146,45 @@ def test_rounds_and_bytes_are_the_algorithms_own():
     assert [summary(r["star"])["messages_sent"] for r in records] == [3, 1, 1, 1]
 
 
+def _predicted(rank, p, n):
+    """Closed form: the reference ring skips chunk r in reduce-scatter and chunk r+1 in all-gather."""
+    size = [n // p + (c < n % p) for c in range(p)]
+    return 4 * (2 * n - size[rank] - size[(rank + 1) % p])
+
+
+def _predicted_by_loop(rank, p, n):
+    """The same, written as the two loops of the schedule."""
+    chunks = [len(c) for c in torch.arange(n).tensor_split(p)]
+    sent = sum(chunks[(rank - s - 1) % p] for s in range(p - 1))        # reduce-scatter
+    sent += sum(chunks[(rank - s) % p] for s in range(p - 1))           # all-gather
+    return 4 * sent
+
+
 def test_ring_bytes_prediction():
-    check_ring_bytes_prediction(lambda: 60)
-    with pytest.raises(ExerciseFailed, match=r"you predicted 56 bytes; rank 1 really sent 60"):
-        check_ring_bytes_prediction(lambda: 56)
+    check_ring_bytes_prediction(_predicted)
+    check_ring_bytes_prediction(_predicted_by_loop)
+    with pytest.raises(ExerciseFailed, match=r"7 float32 on 3 ranks: you predicted 37 bytes for rank 0"):
+        check_ring_bytes_prediction(lambda rank, p, n: round(2 * (p - 1) / p * n * 4))   # right only when p | n
+
+
+def _on_a_persistent_group(rank, p, n):
+    from course_lib.persistent_ranks import Ranks
+
+    group = Ranks(p)
+    group.start()
+    try:
+        group.run_cell(f"from course_lib.collectives import Traffic, ring_all_reduce\nt = Traffic()\n"
+                       f"ring_all_reduce(torch.ones({n}), traffic=t)", show=False)
+        return group.pull("t")[rank].bytes_sent
+    finally:
+        group.stop()
+
+
+def test_ring_bytes_prediction_refuses_running_it():
+    from course_lib.measure.comm_log import Call
+
+    with pytest.raises(ExerciseFailed, match=r"persistent_ranks\.Ranks.* is switched off here"):
+        check_ring_bytes_prediction(_on_a_persistent_group)
+    with pytest.raises(ExerciseFailed, match=r"measure\.comm_log\.Call\.ring_bytes\.fget \(it holds the answer\)"):
+        check_ring_bytes_prediction(lambda rank, p, n: Call("all_reduce", 4 * n, p).ring_bytes)
+    assert Call("all_reduce", 40, 4).ring_bytes == 60        # and it works again afterwards
