@@ -254,3 +254,35 @@ def test_checkers_pass_right_answers_and_explain_wrong_ones(capsys):
         check_row_parallel_linear(row_bias_everywhere)
     with pytest.raises(ExerciseFailed, match="shape"):
         check_column_parallel_forward(lambda x, linear: linear(x))
+
+
+def _column_by_chunks(x, linear):       # written differently from the notebook's: F.linear on chunks
+    r, p = dist.get_rank(), dist.get_world_size()
+    return nn.functional.linear(x, linear.weight.chunk(p)[r], linear.bias.chunk(p)[r])
+
+
+def _row_by_einsum(x, linear):
+    r, p = dist.get_rank(), dist.get_world_size()
+    y = torch.einsum("bi,oi->bo", x.tensor_split(p, dim=1)[r], linear.weight.tensor_split(p, dim=1)[r])
+    dist.all_reduce(y)
+    return y + linear.bias
+
+
+def _column_whole_layer(x, linear):     # right numbers, wrong method: the whole layer on every rank
+    return linear(x).chunk(dist.get_world_size(), dim=1)[dist.get_rank()]
+
+
+def _row_whole_layer(x, linear):        # right numbers on a clean layer: every rank computes all of it
+    y = linear(x)
+    dist.all_reduce(y)
+    return y / dist.get_world_size()
+
+
+def test_checkers_refuse_the_whole_layer_on_every_rank(capsys):
+    check_column_parallel_forward(_column_by_chunks)
+    check_row_parallel_linear(_row_by_einsum)
+    assert "Exercise 13.2 passed" in capsys.readouterr().out
+    for checker, whole in ((check_column_parallel_forward, _column_whole_layer),
+                           (check_row_parallel_linear, _row_whole_layer)):
+        with pytest.raises(ExerciseFailed, match="read numbers outside this rank's slice"):
+            checker(whole)

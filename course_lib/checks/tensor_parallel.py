@@ -1,8 +1,11 @@
 """Checkers for the exercises of notebook 13 (tensor parallelism, Megatron-LM: Shoeybi et al. 2019, section 3).
 
-Each runs the learner's function on real ranks, every rank with the same full nn.Linear and input, and compares
-with nn.Linear itself. The course's own parallel layers are switched off while it runs, and so is every
-collective the split does not need (switch_off.py); the calls it makes are counted at the dispatcher (traffic.py).
+Each runs the learner's function on real ranks, every rank with a copy of the same nn.Linear and input in which
+everything outside the rank's slice (weight rows or columns, bias entries, input columns it must not read) is NaN,
+and compares with the clean nn.Linear: computing the whole layer and keeping a slice reads the NaNs, and any
+operation that produces a NaN from them is reported. The course's own parallel layers are switched off while it
+runs, and so is every collective the split does not need (switch_off.py); the calls it makes are counted at the
+dispatcher (traffic.py).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .c10d_names import everything_but
 from .core import ExerciseFailed, launch_checked, passed, watched_call, with_hint
@@ -23,8 +27,45 @@ TP_ANSWERS = tuple(f"course_lib.training.tensor_parallel.{f}" for f in (
 EVERY_OTHER = everything_but("all_reduce")
 
 
-def _case(exercise, learner, n_in, n_out, forbid, why):
-    """On every rank: the same layer and input (same seed), the learner's answer, nn.Linear's, the calls made."""
+class _NaNRead(TorchDispatchMode):
+    """Notes every operation (views aside) that returns a NaN: on a poisoned layer, a read outside the slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and not self.ops:
+            outs = out if isinstance(out, list | tuple) else [out]
+            if any(isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isnan(t).any()) for t in outs):
+                self.ops.append(str(func.overloadpacket.__name__))
+        return out
+
+
+def _poisoned(linear, x, rank, world, split):
+    """A copy of `linear` and `x` with NaN wherever this rank's slice ends: split "column" poisons the weight rows
+    and bias entries of other ranks' output features; "row" the weight columns and input columns of theirs."""
+    bad = nn.Linear(linear.in_features, linear.out_features).to(x.device)
+    bad.load_state_dict(linear.state_dict())
+    x = x.clone()
+    n = linear.out_features if split == "column" else linear.in_features
+    k = n // world
+    outside = torch.ones(n, dtype=torch.bool, device=x.device)
+    outside[rank * k:(rank + 1) * k] = False
+    with torch.no_grad():
+        if split == "column":
+            bad.weight[outside] = float("nan")
+            bad.bias[outside] = float("nan")
+        else:
+            bad.weight[:, outside] = float("nan")
+            x[:, outside] = float("nan")
+    return bad, x
+
+
+def _case(exercise, learner, n_in, n_out, forbid, why, split):
+    """On every rank: the same clean layer and input (same seed) give nn.Linear's answer; the learner gets a copy
+    poisoned outside this rank's slice; returns both, the calls made and the first op that produced a NaN."""
     from ..devices import device
     torch.manual_seed(0)
     linear = nn.Linear(n_in, n_out).to(device())
@@ -32,10 +73,12 @@ def _case(exercise, learner, n_in, n_out, forbid, why):
         linear.bias += 1.0                       # a bias far from zero: adding it on every rank shows
         x = torch.randn(BATCH, n_in, device=device())
         want = linear(x)
-        got, record = watched_call(exercise, learner, (x, linear), forbid=forbid, why=why, library=TP_ANSWERS)
+        bad, bad_x = _poisoned(linear, x, dist.get_rank(), dist.get_world_size(), split)
+        with _NaNRead() as seen:
+            got, record = watched_call(exercise, learner, (bad_x, bad), forbid=forbid, why=why, library=TP_ANSWERS)
     got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
     return {"want": want.cpu(), "got": got, "calls": [(name, size) for name, size, *_ in record["collectives"]],
-            "rank": dist.get_rank(), "bias": linear.bias.detach().cpu()}
+            "rank": dist.get_rank(), "bias": linear.bias.detach().cpu(), "nan_from": seen.ops}
 
 
 def _compare(exercise, world, vals, expect, hint, diagnose=None):
@@ -48,6 +91,10 @@ def _compare(exercise, world, vals, expect, hint, diagnose=None):
         if got.shape != want.shape:
             raise ExerciseFailed(with_hint(f"{exercise}: {case}: your output has shape {tuple(got.shape)}, expected "
                                            f"{tuple(want.shape)}.", hint))
+        if v["nan_from"]:
+            raise ExerciseFailed(with_hint(
+                f"{exercise}: {case}: your code read numbers outside this rank's slice: the checker set them to NaN, "
+                f"and {v['nan_from'][0]} produced NaN from them. A tensor-parallel rank holds only its slice.", hint))
         # float32 products of 6 terms, summed in another order or split over ranks: 1e-5 is 100x that rounding
         if not torch.allclose(got, want, atol=1e-5):
             extra = (diagnose(v, world) or "") if diagnose else ""
@@ -58,12 +105,13 @@ def _compare(exercise, world, vals, expect, hint, diagnose=None):
 
 def check_column_parallel_forward(column_parallel_forward, exercise: str = "Exercise 13.1") -> None:
     """`column_parallel_forward(x, linear)` -> this rank's slice of linear(x) (its out_features / p output columns),
-    computed from its slice of the weight with no communication (every collective is off); 2 and 3 real ranks."""
+    computed from its slice of the weight with no communication (every collective is off); 2 and 3 real ranks.
+    The weight rows and bias entries of the other ranks' columns are NaN."""
     hint = ("Splitting a linear layer by output features: which rows of the weight and which bias entries does rank r "
             "own, and does it need anything from another rank?")
     for world, n_in, n_out in CASES:
         args = (exercise, column_parallel_forward, n_in, n_out, ("all", "send_recv"), "a split that needs no "
-                "communication")
+                "communication", "column")
         vals = launch_checked(exercise, _case, world, args=args, hint=hint, what=f"{world} ranks")
         for _ in _compare(exercise, world, vals, lambda y, r, p: y.chunk(p, dim=1)[r], hint):
             pass
@@ -80,12 +128,13 @@ def _bias_counted(v, world):
 
 def check_row_parallel_linear(row_parallel_linear, exercise: str = "Exercise 13.2") -> None:
     """`row_parallel_linear(x, linear)` -> linear(x) on every rank, from this rank's in_features / p input columns
-    and weight columns, ONE all_reduce of the batch x out partial sums, the bias added once; 2 and 3 ranks."""
+    and weight columns, ONE all_reduce of the batch x out partial sums, the bias added once; 2 and 3 ranks. The
+    other ranks' input columns of x and of the weight are NaN."""
     hint = ("Splitting by input features makes each rank's product a partial sum. What combines the partial sums, and "
             "how many times should the bias be added?")
     for world, n_in, n_out in CASES:
         vals = launch_checked(exercise, _case, world, args=(exercise, row_parallel_linear, n_in, n_out, EVERY_OTHER,
-                                                            "one all-reduce of partial sums"),
+                                                            "one all-reduce of partial sums", "row"),
                               hint=hint, what=f"{world} ranks")
         for calls in _compare(exercise, world, vals, lambda y, r, p: y, hint, _bias_counted):
             want = [("all_reduce", BATCH * n_out * 4)]
