@@ -18,15 +18,24 @@ def _loop(p, target):
     return m
 
 
-def _closed_form(p, target):          # off by one where (p-1)(1-t)/t lands just above an integer in floats
+def _closed_form(p, target):          # 13 for 12 at (p=4, t=0.2) and 25 for 24 at (p=7, t=0.2): float rounding
     return max(1, math.ceil((p - 1) * (1 - target) / target))
 
 
-def test_14_1_passes_the_bubble_and_rejects_a_float_closed_form(capsys):
+def _strict(p, target):               # "bubble below the target" where the task says "at most"
+    m = 1
+    while (p - 1) / (m + p - 1) >= target:
+        m += 1
+    return m
+
+
+def test_14_1_passes_a_loop_and_the_float_closed_form_and_rejects_a_strict_bound(capsys):
+    assert _closed_form(4, 0.2) == 13 and _closed_form(7, 0.2) == 25      # the float rounding the checker forgives
     check_min_microbatches(_loop)
-    assert "✓ Exercise 14.1" in capsys.readouterr().out
-    with pytest.raises(ExerciseFailed, match=r"p=4 stages, target bubble 0.2: you returned m=13, expected 12"):
-        check_min_microbatches(_closed_form)
+    check_min_microbatches(_closed_form)
+    assert capsys.readouterr().out.count("✓ Exercise 14.1") == 2
+    with pytest.raises(ExerciseFailed, match=r"p=2 stages, target bubble 0.5: you returned m=2, expected 1"):
+        check_min_microbatches(_strict)
 
 
 def test_14_1_refuses_to_run_with_the_library_formula():
@@ -38,8 +47,29 @@ def test_14_1_refuses_to_run_with_the_library_formula():
             m += 1
         return m
 
-    with pytest.raises(Exception, match="switched off"):
-        check_min_microbatches(uses_library)
+    def catches_it(p, target):        # tries the library, falls back on a loop
+        try:
+            return uses_library(p, target)
+        except Exception:
+            return _loop(p, target)
+
+    for learner in (uses_library, catches_it):
+        with pytest.raises(ExerciseFailed, match=r"Exercise 14.1 .* is about the bubble formula; .*switched off") as e:
+            check_min_microbatches(learner)
+        assert "SwitchedOff" not in str(e.value) and "Hint:" in str(e.value)
+
+
+def test_14_2_a_switched_off_order_is_the_exercises_failure():
+    from course_lib.training.pipeline import one_f_one_b_order
+
+    def tries_library(stage, p, m):
+        try:
+            return one_f_one_b_order(stage, p, m)
+        except Exception:
+            return _gpipe(stage, p, m)
+
+    with pytest.raises(ExerciseFailed, match=r"Exercise 14.2 .* is about the 1F1B order; .*switched off.*\nHint:"):
+        check_one_f_one_b(tries_library)
 
 
 def _gpipe(stage, p, m):
@@ -90,3 +120,67 @@ def _no_flag_exchange(stage, lr, scaler):      # decides on its own stage's grad
 def test_14_3_rejects_stages_that_skip_alone():
     with pytest.raises(ExerciseFailed, match=r"2 stages, step 2: stage 0 stepped, stage 1 skipped.*skip it together"):
         check_loss_scaling(_no_flag_exchange)
+
+
+def _isinf_only(stage, lr, scaler):            # counts inf as an overflow, lets NaN through
+    bad = torch.tensor([float(any(torch.isinf(q.grad).any() for q in stage.parameters()))], device=stage.weight.device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        scaler["scale"] *= 0.5
+        scaler["good_steps"] = 0
+        return False
+    with torch.no_grad():
+        for q in stage.parameters():
+            q -= lr * q.grad / scaler["scale"]
+    scaler["good_steps"] += 1
+    if scaler["good_steps"] == scaler["growth_interval"]:
+        scaler["scale"] *= 2
+        scaler["good_steps"] = 0
+    return True
+
+
+def _torch_kernels(stage, lr, scaler):         # GradScaler's own kernels do the unscale and the scale update
+    grads = [q.grad for q in stage.parameters()]
+    found = torch.zeros(1, device=grads[0].device)
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones(1) / scaler["scale"])
+    dist.all_reduce(found, op=dist.ReduceOp.MAX)
+    return not found.item()
+
+
+def _sum_of_flags(stage, lr, scaler):          # correct, written otherwise: a SUM of 0/1 flags, one fused update
+    bad = sum(int(not torch.isfinite(q.grad).all()) for q in stage.parameters())
+    flags = torch.tensor([bad], dtype=torch.float64, device=stage.weight.device)
+    dist.all_reduce(flags)
+    ok = flags.item() == 0
+    if ok:
+        inv = 1.0 / scaler["scale"]
+        with torch.no_grad():
+            for q in stage.parameters():
+                q.add_(q.grad, alpha=-lr * inv)
+    good = scaler["good_steps"] + 1 if ok else 0
+    scaler["scale"] = scaler["scale"] * (2 if good == scaler["growth_interval"] else 1) * (1 if ok else 0.5)
+    scaler["good_steps"] = good % scaler["growth_interval"]
+    return ok
+
+
+def test_14_3_injects_nan_refuses_torchs_kernels_and_passes_another_correct_step(capsys):
+    with pytest.raises(ExerciseFailed,
+                       match=r"step 3: your step ran; it should be skipped \(a gradient on stage 0 is nan\)"):
+        check_loss_scaling(_isinf_only)
+    with pytest.raises(ExerciseFailed, match=r"GradScaler's kernel torch._amp_foreach_non_finite_check_and_unscale_ "
+                                             r"is switched off here"):
+        check_loss_scaling(_torch_kernels)
+    check_loss_scaling(_sum_of_flags)
+    assert "✓ Exercise 14.3" in capsys.readouterr().out
+
+
+def test_14_3_says_the_courses_scaler_is_switched_off_and_its_hint_holds_no_algorithm():
+    from course_lib.training.mixed_precision import LossScaler
+
+    def by_the_courses_scaler(stage, lr, scaler):
+        LossScaler(scaler["scale"], growth_interval=scaler["growth_interval"]).update(False)
+
+    with pytest.raises(ExerciseFailed, match=r"LossScaler.update \(it holds the answer\) is switched off here") as e:
+        check_loss_scaling(by_the_courses_scaler)
+    hint = str(e.value).split("Hint:")[1].lower()
+    assert "halve" not in hint and "double" not in hint and "all_reduce" not in hint

@@ -146,3 +146,15 @@ def test_calculator_on_bloom():
     found = pp.layouts(bloom, 384, cl, lay)
     assert any((x["layout"].tp, x["layout"].pp, x["layout"].dp) == (4, 12, 8) for x in found)
     assert all(x["layout"].gpus == 384 for x in found) and found[0]["fits"]
+
+
+def test_plan_fits_against_the_cards_real_capacity_not_memory_gb_times_1e9():
+    from course_lib import hardware
+
+    gpu = hardware.row("accelerators", "H100 SXM 80GB")
+    cl = pp.Cluster(gpu, hardware.row("links", "NVLink 4 (H100)"), hardware.row("links", "Ethernet 400 GbE"))
+    llama = pp.Transformer("Llama 3 405B", 126, 16384, 128, 8192, 128000, 405e9, ffn=53248, kv_heads=8, gated=True,
+                           dropout=False)
+    r = pp.plan(llama, pp.Layout(8, 16, 64, 1, 2048, zero=3, recompute="selective"), cl)
+    assert gpu["memory_GB"] * 1e9 < r["memory"] <= hardware.memory_bytes(gpu)     # 82.9 GB: over 80e9, under 80 GiB
+    assert r["fits"]

@@ -31,8 +31,8 @@ def _parse(line: str):
 def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
     """``torchrun_line(nnodes, node_rank, gpus, head, port)``: the command for one node of the hello lab
     (course_lib.labs.hello) with c10d rendezvous at head:port; checked for three clusters."""
-    hint = ("What must every node tell torchrun: how many nodes, which one it is, how many processes on it, and "
-            "where they all meet?")
+    hint = ("What must every node tell torchrun: how many nodes, how many processes on this one, how the nodes "
+            "meet, and where?")
     for nnodes, node_rank, gpus, head, port in CASES:
         line = call_learner(exercise, torchrun_line, nnodes, node_rank, gpus, head, port, hint=hint,
                             why="writing the torchrun command yourself",
@@ -46,7 +46,9 @@ def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
                "module": a.training_script if a.module else None}
         want = {"--nnodes": str(nnodes), "--node-rank": node_rank, "--nproc-per-node": str(gpus),
                 "--rdzv-backend": "c10d", "--rdzv-endpoint": f"{head}:{port}", "module": "course_lib.labs.hello"}
-        wrong = [k for k in want if str(got[k]) != str(want[k])]
+        # --node-rank is optional: c10d ranks the nodes itself (torch's run.py: "node_rank is only used for static
+        # rdzv_backend"); left out it reads as 0. A value that is neither is refused: it says something false.
+        wrong = [k for k in want if str(got[k]) != str(want[k]) and not (k == "--node-rank" and got[k] == 0)]
         if wrong:
             raise ExerciseFailed(with_hint(
                 f"{exercise}: torchrun_{(nnodes, node_rank, gpus, head, port)} gave {line!r}; torchrun reads "
@@ -55,8 +57,9 @@ def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
                             "module for three clusters")
 
 
-def check_global_rank(global_rank, exercise: str = "Exercise 17.2") -> None:
-    """``global_rank(node, local_rank, gpus_per_node)`` as torchrun numbers ranks (node by node)."""
+def check_global_rank(global_rank, ranks_on_node=None, exercise: str = "Exercise 17.2") -> None:
+    """``global_rank(node, local_rank, gpus_per_node)`` as torchrun numbers ranks (node by node); and the second
+    question, ``ranks_on_node(node, gpus_per_node)``: the global ranks that run on that node, in increasing order."""
     hint = "How does torchrun number the ranks across nodes: which global rank does node k's first process get?"
     for gpus in (1, 4, 8):
         for node in range(3):
@@ -65,4 +68,13 @@ def check_global_rank(global_rank, exercise: str = "Exercise 17.2") -> None:
                 if got != node * gpus + local:
                     raise ExerciseFailed(with_hint(f"{exercise}: node {node}, local rank {local}, {gpus} GPUs per "
                                                    f"node: you said {got!r}.", hint))
-    return passed(exercise, "right for 1, 4 and 8 GPUs per node on 3 nodes")
+    if ranks_on_node is None:
+        return passed(exercise, "right for 1, 4 and 8 GPUs per node on 3 nodes")
+    for gpus in (1, 4, 8):
+        for node in range(3):
+            got = call_learner(exercise, ranks_on_node, node, gpus, hint=hint)
+            if list(got) != list(range(node * gpus, (node + 1) * gpus)):
+                raise ExerciseFailed(with_hint(f"{exercise}: the ranks on node {node} with {gpus} GPUs per node: "
+                                               f"you said {got!r}; how many ranks does each node run, and where "
+                                               f"does node {node}'s first one start?", hint))
+    return passed(exercise, "global ranks and the ranks on each node right for 1, 4 and 8 GPUs per node on 3 nodes")

@@ -35,7 +35,8 @@ class Env:
     local_rank: int
     world_size: int
     local_world_size: int
-    group_rank: int  # the node's rank (torchrun's --node-rank, or the order nodes joined the rendezvous)
+    group_rank: int  # the node's rank: torchrun's --node-rank with static rendezvous; with c10d the order of the
+    # sorted node descriptors (host address or FQDN, agent pid, ...: dynamic_rendezvous), so do not assume it
     master_addr: str
     master_port: int
     restart: int  # how many times this node's agent has restarted its workers

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..hardware import STATE_BYTES_PER_PARAM
+from ..hardware import STATE_BYTES_PER_PARAM, memory_bytes
 
 
 @dataclass(frozen=True)
@@ -189,11 +189,12 @@ def step_time(model: Transformer, lay: Layout, cl: Cluster) -> dict:
 
 
 def plan(model: Transformer, lay: Layout, cl: Cluster) -> dict:
-    """Memory per GPU (model states, activations) and step time, with whether it fits the accelerator."""
+    """Memory per GPU (model states, activations) and step time, with whether it fits the accelerator: its real
+    capacity, hardware.memory_bytes (an "80GB" card holds 80 GiB, 85.9e9 bytes for an A100), not memory_GB x 1e9."""
     states, acts = model_state_bytes(model, lay), activation_bytes(model, lay)
     mem = states["total"] + acts
     return {"layout": lay, "states": states["total"], "activations": acts, "memory": mem,
-            "fits": mem <= cl.accelerator["memory_GB"] * 1e9, "time": step_time(model, lay, cl)}
+            "fits": mem <= memory_bytes(cl.accelerator), "time": step_time(model, lay, cl)}
 
 
 def layouts(model: Transformer, gpus: int, cl: Cluster, base: Layout) -> list[dict]:
