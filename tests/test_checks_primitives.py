@@ -261,3 +261,157 @@ def test_reduce_scatter_prediction(capsys):
     with pytest.raises(ExerciseFailed, match=r"Exercise 5\.1 is about predicting a reduce-scatter before running "
                                              r"it; the course's own launch\.run \(it holds the answer\) is switched"):
         check_reduce_scatter_prediction(inputs, run_it)
+
+
+def rs_repeat_then_throwaway_ag(t):  # right numbers: the reduce-scatter of p copies is already the all-reduce
+    world = dist.get_world_size()
+    out = torch.empty_like(t)
+    dist.reduce_scatter_single(out, t.repeat(world))
+    dist.all_gather_single(torch.empty_like(out.repeat(world)), out)
+    return out
+
+
+def rs_ag_by_cat(t):  # correct, written differently: cat instead of pad, a new output, a clone of its front
+    world = dist.get_world_size()
+    n, chunk = t.numel(), -(-t.numel() // world)
+    full = torch.cat([t, t.new_zeros(chunk * world - n)])
+    mine = t.new_empty(chunk)
+    dist.reduce_scatter_single(mine, full)
+    gathered = t.new_empty(chunk * world)
+    dist.all_gather_single(gathered, mine)
+    return gathered.narrow(0, 0, n).clone()
+
+
+def test_all_reduce_from_rs_ag_checks_what_each_collective_moves(capsys):
+    check_all_reduce(rs_ag_by_cat, worlds=(2, 3))
+    assert "✓ Exercise 5.2 passed" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match=r"reduce_scatter_single took \d+ bytes in"):
+        check_all_reduce(rs_repeat_then_throwaway_ag, worlds=(2,))
+
+
+def odd_by_enumeration(t):  # every rank builds both groups at once
+    world = dist.get_world_size()
+    mine, _ = dist.new_subgroups_by_enumeration([list(range(0, world, 2)), list(range(1, world, 2))])
+    if dist.get_rank() % 2:
+        dist.all_reduce(t, group=mine)
+    return t
+
+
+def odd_local_sync(t):  # only the members build it, which use_local_synchronization allows
+    if dist.get_rank() % 2:
+        odd = dist.new_group(list(range(1, dist.get_world_size(), 2)), use_local_synchronization=True)
+        dist.all_reduce(t, group=odd)
+    return t
+
+
+def odd_wrong_group(t):  # every rank builds a group, but not the odd ranks'
+    world = dist.get_world_size()
+    odd = dist.new_group(list(range(1, world, 2))[:1])
+    if dist.get_rank() == 1:
+        dist.all_reduce(t, group=odd)
+    return t
+
+
+def test_odd_group_built_any_correct_way(capsys):
+    check_odd_group_all_reduce(odd_by_enumeration, worlds=(2, 3, 4))
+    check_odd_group_all_reduce(odd_local_sync, worlds=(3, 4))
+    assert capsys.readouterr().out.count("✓ Exercise 3.1 passed") == 2
+    with pytest.raises(ExerciseFailed):
+        check_odd_group_all_reduce(odd_wrong_group, worlds=(4,))
+
+
+def test_reduce_scatter_prediction_cannot_start_ranks_any_way():
+    inputs = [[1, 2, 3, 4], [10, 20, 30, 40], [5, 6, 7, 8]]
+
+    def by_persistent_ranks():  # a group of one's own, with the real collective
+        from course_lib.persistent_ranks import Ranks
+
+        ranks = Ranks(3).start()
+        try:
+            ranks.run_cell("out = torch.empty(1)\ndist.reduce_scatter_single(out, torch.tensor(["
+                           "[1., 2, 3, 4], [10., 20, 30, 40], [5., 6, 7, 8]][rank][:3]))", show=False)
+            return [v.tolist() for v in ranks.pull("out")]
+        finally:
+            ranks.stop()
+
+    def by_torch_spawn():
+        import torch.multiprocessing as mp
+
+        mp.start_processes(lambda i: None, nprocs=3, start_method="fork")
+        return [[0]] * 3
+
+    def by_subprocess():
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        return [[0]] * 3
+
+    for way in (by_persistent_ranks, by_torch_spawn, by_subprocess):
+        with pytest.raises(ExerciseFailed, match=r"Exercise 5\.1 is about predicting a reduce-scatter before running "
+                                                 r"it; starting ranks or processes \(.+\) is switched off here"):
+            check_reduce_scatter_prediction(inputs, way)
+
+
+def ring_launches_its_own_ranks(t):  # on a rank: a group of its own would run collectives the check switched off
+    from course_lib.launch import run
+
+    run(lambda: None, 2)
+    return t
+
+
+def test_ranks_cannot_start_ranks_of_their_own():
+    with pytest.raises(ExerciseFailed, match=r"starting ranks or processes \(course_lib\.launch\.run\)"):
+        check_ring_exchange(ring_launches_its_own_ranks, worlds=(2,))
+
+
+def ring_batched(t):  # right numbers, but not the order of blocking calls the exercise asks for
+    rank, world = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(t)
+    ops = [dist.P2POp(dist.isend, t, (rank + 1) % world), dist.P2POp(dist.irecv, got, (rank - 1) % world)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    return got
+
+
+def ring_nonblocking(t):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(t)
+    works = [dist.irecv(got, src=(rank - 1) % world), dist.isend(t, dst=(rank + 1) % world)]
+    for w in works:
+        w.wait()
+    return got
+
+
+def ring_chain(t):  # correct, written differently: rank 0 starts a chain, the others receive first
+    rank, world = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(t)
+    if rank == 0:
+        dist.send(t, dst=1)
+        dist.recv(got, src=world - 1)
+    else:
+        dist.recv(got, src=rank - 1)
+        dist.send(t, dst=(rank + 1) % world)
+    return got
+
+
+def ring_wrong_way(t):  # no deadlock, but the tensor goes left
+    rank, world = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(t)
+    if rank == 0:
+        dist.send(t, dst=world - 1)
+        dist.recv(got, src=1)
+    else:
+        dist.recv(got, src=(rank + 1) % world)
+        dist.send(t, dst=rank - 1)
+    return got
+
+
+def test_ring_exchange_wants_blocking_calls_in_an_order(capsys):
+    check_ring_exchange(ring_chain, worlds=(2, 3, 5))
+    assert "✓ Exercise 4.1 passed" in capsys.readouterr().out
+    for way, name in ((ring_batched, "batch_isend_irecv"), (ring_nonblocking, "irecv")):
+        with pytest.raises(ExerciseFailed, match=rf"dist\.{name} is switched off here"):
+            check_ring_exchange(way, worlds=(3,))
+    with pytest.raises(ExerciseFailed, match=r"wrong result"):
+        check_ring_exchange(ring_wrong_way, worlds=(3,))

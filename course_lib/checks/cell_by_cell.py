@@ -1,8 +1,10 @@
 """Checkers for the exercises of notebooks/05b_collectives_cell_by_cell.ipynb, run on the live %ranks group.
 
-The learner defines a function in a ``%%ranks`` cell; the check cell runs it on the same persistent ranks, on
-several inputs, with every collective but the one the exercise is about switched off (switch_off.py) and its calls
-counted (traffic.py), then pulls the results back and compares them with sums computed here.
+These exercises are about state that stays on the ranks between cells: each rank's weights ``w`` and the
+``version`` counter of its changes (5b.1, 5b.2), and gradients accumulated over several cells (5b.3). The check
+cell sets that state on every rank, runs the learner's functions on the same persistent ranks, one cell at a time,
+with the collectives the exercise does not need switched off (switch_off.py) and every call recorded (traffic.py),
+then pulls the results back and compares them with values computed here.
 """
 
 from __future__ import annotations
@@ -14,48 +16,60 @@ from .c10d_names import everything_but
 from .core import ExerciseFailed, not_attempted, passed, with_hint
 
 _RESULT = "_course_check_result"
+# versions per rank (4 ranks): one rank is ahead of all others, at the start, the end and the middle
+VERSIONS = ((0, 0, 3, 0), (5, 1, 2, 4), (1, 2, 3, 9), (2, 7, 0, 6))
+W_SIZE = 1000          # a w much larger than a version counter, so its bytes tell which collective moved it
+WHY = {"newest": ("finding the newest rank from the version counters with all-reduce", ("all_reduce",)),
+       "sync": ("bringing every rank to the newest rank's w and version", ("all_reduce", "broadcast")),
+       "accumulate": ("accumulating gradients over cells and communicating once per step", ("all_reduce",)),
+       "step": ("accumulating gradients over cells and communicating once per step", ("all_reduce",))}
 
 
-def _value(rank: int, case: int) -> torch.Tensor:
-    """Rank r's input in case c: different per rank and element, negative values included."""
-    return torch.tensor([float(rank + 1 + case), 10.0 * (rank + 1), -float(rank * (case + 2))])
+def _versions(world: int, case: int) -> list[int]:
+    return [VERSIONS[case][r % 4] + 10 * (r // 4) for r in range(world)]
 
 
-def _sum(world: int, case: int) -> torch.Tensor:
-    return sum(_value(r, case) for r in range(world))
+def _w(rank: int, case: int) -> torch.Tensor:
+    return torch.arange(W_SIZE, dtype=torch.float32) * (rank + 1) + 1000 * case
+
+
+def _grad(rank: int, micro: int) -> torch.Tensor:
+    return torch.tensor([rank + 1.0, -2.0 * micro, 0.5 * rank * micro])
 
 
 # ------------------------------------------------------------------ on every rank
-def on_rank(exercise: str, kind: str, fn, device, world: int) -> list:
-    """Runs on each rank of the group: the learner's fn for every case, watched; returns [(result, record)]."""
-    from .core import watched_call
-
-    allowed = {"reduce_to": "reduce", "copy_from": "broadcast", "sum_by_gathering": "all_gather"}[kind]
-    why = {"reduce": "Reduce, which delivers the sum to one rank",
-           "broadcast": "Broadcast, one rank's tensor copied to every rank",
-           "all_gather": "building a sum from one all_gather"}[allowed]
+def on_rank(exercise: str, kind: str, ns: dict, case: int = 0) -> None:
+    """Runs on each rank, in the namespace of its %%ranks cells: set the state the case needs, run the learner's
+    function there watched, and append (result, the state afterwards, traffic record) to ``ns[_RESULT]``."""
     import torch.distributed as dist
 
-    rank, out = dist.get_rank(), []
-    for case, peer in enumerate((0, world - 1, world // 2)):
-        v = _value(rank, case).to(device)
-        args = (v,) if kind == "sum_by_gathering" else (v, peer)
-        got, record = watched_call(exercise, fn, args, forbid=everything_but(allowed), why=why)
-        result = got if kind == "sum_by_gathering" else v     # reduce_to and copy_from work in place on v
-        out.append((peer, result.detach().cpu() if isinstance(result, torch.Tensor) else result, record))
-    return out
+    from .core import watched_call
+
+    rank, world, device = dist.get_rank(), dist.get_world_size(), ns["device"]
+    why, allowed = WHY[kind]
+    if kind in ("newest", "sync"):
+        ns["version"] = _versions(world, case)[rank]
+        ns["w"] = _w(rank, case).to(device)
+    args = (_grad(rank, case).to(device),) if kind == "accumulate" else ()
+    got, record = watched_call(exercise, ns[kind], args, forbid=everything_but(*allowed), why=why)
+    got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
+    state = (ns.get("w").detach().cpu() if isinstance(ns.get("w"), torch.Tensor) else None, ns.get("version"))
+    ns.setdefault(_RESULT, []).append((got, state if kind == "sync" else None, record))
 
 
 # ------------------------------------------------------------------ in the notebook's kernel
-def _run_on_ranks(exercise: str, kind: str, fn_name: str, hint: str, ranks=None) -> list:
+def _current(ranks):
     from ..interactive import current
 
     ranks = ranks if ranks is not None else current()
     if ranks is None or not ranks.procs:
-        raise ExerciseFailed(f"{exercise}: no ranks are running; start them with %ranks start 4 and run your "
-                             f"%%ranks cell that defines {fn_name} first.")
+        raise ExerciseFailed("no ranks are running; start them with %ranks start 4 and run your %%ranks cell first.")
+    return ranks
+
+
+def _run_cell(ranks, exercise: str, kind: str, hint: str, case: int = 0) -> None:
     code = (f"import course_lib.checks.cell_by_cell as _course_check\n"
-            f"{_RESULT} = _course_check.on_rank({exercise!r}, {kind!r}, {fn_name}, device, world_size)\n"
+            f"_course_check.on_rank({exercise!r}, {kind!r}, globals(), {case})\n"
             f"del _course_check")
     try:
         ranks.run_cell(code, show=False)
@@ -63,69 +77,116 @@ def _run_on_ranks(exercise: str, kind: str, fn_name: str, hint: str, ranks=None)
         f = exc.failure
         if f.etype == "NotImplementedError":
             raise not_attempted(exercise, f.message) from None
-        if f.etype == "NameError" and fn_name in f.message:
-            raise ExerciseFailed(f"{exercise}: the ranks have no {fn_name}; run your %%ranks cell that defines it "
+        if f.etype == "KeyError" and kind in f.message:
+            raise ExerciseFailed(f"{exercise}: the ranks have no {kind}; run your %%ranks cell that defines it "
                                  "first.") from None
         if f.etype == "SwitchedOff":
             raise ExerciseFailed(with_hint(f"{f.message} (rank {f.rank})", hint)) from None
-        raise ExerciseFailed(with_hint(f"{exercise}: your {fn_name} failed on rank {f.rank}: {f.etype}: "
+        raise ExerciseFailed(with_hint(f"{exercise}: your {kind} failed on rank {f.rank}: {f.etype}: "
                                        f"{f.message}", hint)) from None
+
+
+def _results(ranks) -> list:
+    """Every rank's list of (result, state, record), one entry per cell run; cleared on the ranks."""
     try:
         return ranks.pull(_RESULT)
     finally:
-        ranks.run_cell(f"del {_RESULT}", show=False)
+        ranks.run_cell(f"globals().pop({_RESULT!r}, None)", show=False)
 
 
-def _calls(exercise, per_rank, want: str, hint: str) -> None:
-    for rank, cases in enumerate(per_rank):
-        for _, _, record in cases:
-            calls = [name for name, *_ in record["collectives"]]
-            if calls != [want]:
-                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank} ran {calls or 'no collective'}; the "
-                                               f"exercise needs exactly one {want}.", hint))
+def _calls(record) -> list:
+    return [(name, size) for name, size, *_ in record["collectives"]]
 
 
-def check_reduce_to(ranks=None, exercise: str = "Exercise 5b.1") -> None:
-    """``reduce_to(v, dst)`` on the live ranks (``ranks``: a persistent_ranks.Ranks; default: the %ranks group):
-    afterwards rank dst's v holds the sum of every rank's v."""
-    hint = ("Reduce (规约) is the collective that combines every rank's tensor into one rank's: every rank calls it, "
-            "and "
-            "only the destination is guaranteed to hold the sum afterwards. Look it up in torch.distributed.")
-    per_rank = _run_on_ranks(exercise, "reduce_to", "reduce_to", hint, ranks)
+def check_newest(ranks=None, exercise: str = "Exercise 5b.1") -> None:
+    """``newest()`` on the live ranks: returns, on every rank, the rank whose ``version`` is the highest; only
+    all_reduce is on."""
+    hint = ("A reduction gives every rank one combined value. Which reduction keeps the highest version, and how can "
+            "the combined value, or a second one, also say whose it was?")
+    ranks = _current(ranks)
+    ranks.run_cell(f"globals().pop({_RESULT!r}, None)", show=False)
+    for case in range(len(VERSIONS)):
+        _run_cell(ranks, exercise, "newest", hint, case)
+    per_rank = _results(ranks)
     world = len(per_rank)
-    _calls(exercise, per_rank, "reduce", hint)
-    for case in range(3):
-        dst = per_rank[0][case][0]
-        got = per_rank[dst][case][1]
-        if not torch.allclose(got, _sum(world, case)):
-            raise ExerciseFailed(with_hint(f"{exercise}: with dst={dst}, rank {dst} holds {got.tolist()}, not the sum "
-                                           "of every rank's v.", hint))
-    return passed(exercise, f"rank dst held the sum for dst = 0, {world - 1} and {world // 2}, with one reduce each")
+    for case in range(len(VERSIONS)):
+        versions = _versions(world, case)
+        want = versions.index(max(versions))
+        for rank, rows in enumerate(per_rank):
+            got = rows[case][0]
+            got = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
+            if isinstance(got, bool) or got != want:
+                raise ExerciseFailed(with_hint(f"{exercise}: with versions {versions} (rank order), rank {rank}'s "
+                                               f"newest() returned {got!r}.", hint))
+    return passed(exercise, f"every rank named the newest rank for {len(VERSIONS)} sets of versions, with all-reduce "
+                            "only")
 
 
-def check_copy_from(ranks=None, exercise: str = "Exercise 5b.2") -> None:
-    """``copy_from(w, src)`` on the live ranks: afterwards every rank's w holds what rank src's w held."""
-    hint = "Which collective leaves one rank's tensor on every rank? Which ranks must call it?"
-    per_rank = _run_on_ranks(exercise, "copy_from", "copy_from", hint, ranks)
-    _calls(exercise, per_rank, "broadcast", hint)
-    for rank, cases in enumerate(per_rank):
-        for case, (src, got, _) in enumerate(cases):
-            if not torch.equal(got, _value(src, case)):
-                raise ExerciseFailed(with_hint(f"{exercise}: with src={src}, rank {rank}'s w is {got.tolist()}, "
-                                               f"rank {src}'s was {_value(src, case).tolist()}.", hint))
-    return passed(exercise, "every rank held the source's w for three sources, with one broadcast each")
-
-
-def check_sum_by_gathering(ranks=None, exercise: str = "Exercise 5b.3") -> None:
-    """``sum_by_gathering(mine)`` on the live ranks: returns the sum of every rank's mine, from one all_gather."""
-    hint = ("Gathering gives every rank every rank's tensor. What does it need to write them into, and what is left to "
-            "do with them afterwards?")
-    per_rank = _run_on_ranks(exercise, "sum_by_gathering", "sum_by_gathering", hint, ranks)
+def check_sync(ranks=None, exercise: str = "Exercise 5b.2") -> None:
+    """``sync()`` on the live ranks: afterwards every rank's ``w`` and ``version`` are the newest rank's; w must
+    travel once, by broadcast from that rank (all-reduces only of things smaller than w)."""
+    hint = ("Which rank holds the weights everyone needs, and which collective copies one rank's tensor to all the "
+            "others? What must every rank know before it can call it?")
+    ranks = _current(ranks)
+    ranks.run_cell(f"globals().pop({_RESULT!r}, None)", show=False)
+    for case in range(len(VERSIONS)):
+        _run_cell(ranks, exercise, "sync", hint, case)
+    per_rank = _results(ranks)
     world = len(per_rank)
-    _calls(exercise, per_rank, "all_gather", hint)
-    for rank, cases in enumerate(per_rank):
-        for case, (_, got, _) in enumerate(cases):
-            if not isinstance(got, torch.Tensor) or not torch.allclose(got, _sum(world, case)):
-                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank} returned {got!r}, not the sum of every "
-                                               "rank's mine.", hint))
-    return passed(exercise, "every rank returned the sum from one all_gather, with all-reduce switched off")
+    w_bytes = W_SIZE * 4
+    for case in range(len(VERSIONS)):
+        versions = _versions(world, case)
+        src = versions.index(max(versions))
+        for rank, rows in enumerate(per_rank):
+            _, (w, version), record = rows[case]
+            if w is None or not torch.equal(w, _w(src, case)) or version != versions[src]:
+                raise ExerciseFailed(with_hint(
+                    f"{exercise}: with versions {versions}, after sync() rank {rank} holds version {version!r} and a "
+                    f"w that is {'not a tensor' if w is None else 'not rank ' + str(src) + chr(39) + 's'}.", hint))
+            calls = _calls(record)
+            moved_w = [c for c in calls if c[1] >= w_bytes]
+            if moved_w != [("broadcast", w_bytes)]:
+                raise ExerciseFailed(with_hint(
+                    f"{exercise}: with versions {versions}, rank {rank} ran {calls} (collective, bytes); w "
+                    f"({w_bytes} bytes) must travel in exactly one broadcast, and only smaller tensors in "
+                    "all-reduces.", hint))
+    return passed(exercise, f"every rank held the newest rank's w and version for {len(VERSIONS)} sets of versions, "
+                            "w sent once by broadcast")
+
+
+ROUNDS = (3, 1, 2)      # micro-batches accumulated before each step
+
+
+def check_accumulate(ranks=None, exercise: str = "Exercise 5b.3") -> None:
+    """``accumulate(g)`` and ``step()`` on the live ranks, each call in a cell of its own: step() returns the mean
+    of every g accumulated on every rank since the last step; accumulate communicates nothing, step one all_reduce."""
+    hint = ("What must each rank keep between cells, and when does it need the other ranks? After a step, what "
+            "should the next step start from?")
+    ranks = _current(ranks)
+    ranks.run_cell(f"globals().pop({_RESULT!r}, None)", show=False)
+    for micro in ROUNDS:
+        for i in range(micro):
+            _run_cell(ranks, exercise, "accumulate", hint, i)
+        _run_cell(ranks, exercise, "step", hint)
+    per_rank = _results(ranks)
+    world = len(per_rank)
+    for rank, rows in enumerate(per_rank):
+        at = 0
+        for n, micro in enumerate(ROUNDS):
+            for i in range(micro):
+                if _calls(rows[at + i][2]):
+                    raise ExerciseFailed(with_hint(f"{exercise}: rank {rank}'s accumulate ran "
+                                                   f"{_calls(rows[at + i][2])} (collective, bytes); it keeps the "
+                                                   "gradient on the rank.", hint))
+            got, _, record = rows[at + micro]
+            want = sum(_grad(r, i) for r in range(world) for i in range(micro)) / (world * micro)
+            if [c[0] for c in _calls(record)] != ["all_reduce"]:
+                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank}'s step ran {_calls(record)} (collective, "
+                                               "bytes); a step communicates once.", hint))
+            if not (isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(got, want)):
+                raise ExerciseFailed(with_hint(f"{exercise}: step {n + 1} ({micro} accumulate cell(s) before it) "
+                                               f"returned {got!r} on rank {rank}, not the mean of every gradient "
+                                               "accumulated since the previous step on every rank.", hint))
+            at += micro + 1
+    return passed(exercise, f"{len(ROUNDS)} steps after {', '.join(map(str, ROUNDS))} accumulate cells: each step "
+                            "returned the mean with one all_reduce, and accumulate sent nothing")

@@ -43,6 +43,9 @@ def _nbytes(case) -> int:
 
 
 # ---------------------------------------------------------------- ring exchange without deadlock (notebook 04)
+# Exercise 4.1 asks for an order of blocking calls: the calls that post a message without waiting are off.
+NON_BLOCKING = tuple(f"torch.distributed.distributed_c10d.{name}" for name in (
+    "isend", "irecv", "batch_isend_irecv"))
 def _torch_from_left(t):
     import torch.distributed as dist
 
@@ -69,7 +72,7 @@ def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1", worlds=WO
     return check_collective(
         exercise, partial(_call, ring_exchange), _torch_from_left, _distinct, world_sizes=worlds,
         sizes=(1, 7, 50_000), timeout=timeout, forbid="all", why="ordering send and recv so a ring cannot deadlock",
-        library=("course_lib.collectives.p2p.exchange",), traffic=_one_message_right,
+        library=("course_lib.collectives.p2p.exchange", *NON_BLOCKING), traffic=_one_message_right,
         hint=("Read your traceback: which call was each rank waiting in? A blocking send on gloo waits until its peer "
               "posts the matching recv. What happens when every rank does the same thing first?"))
 
@@ -164,8 +167,10 @@ def _odd_group_used(case, records):
                 "new_group waits forever.")
     for rec in records:
         r = rec["rank"]
-        if made[r] and any(g != odd for g in made[r]):
-            return f"rank {r} created groups of ranks {made[r]}; the group of the odd ranks is {odd}."
+        # any correct way to build it: new_group on every rank, new_subgroups_by_enumeration (which also makes
+        # the other groups it lists), or new_group on its members only with use_local_synchronization=True
+        if made[r] and odd not in made[r]:
+            return f"rank {r} created groups of ranks {made[r]}, none of them the group of the odd ranks, {odd}."
         calls = [(name, size) for name, _, size, _ in rec["collectives"]]
         want = [("all_reduce", len(odd))] if r in odd else []
         if calls != want:
@@ -195,11 +200,19 @@ def _torch_all_reduce(t):
 
 
 def _one_rs_one_ag(case, records):
+    p, item = case.world, torch.empty(0, dtype=case.dtype).element_size()
+    length = -(-case.size // p) * p * item     # the fewest bytes >= the tensor's that split into p equal chunks
     for rec in records:
-        calls = sorted(name for name, *_ in rec["collectives"])
-        if calls != ["all_gather_single", "reduce_scatter_single"]:
-            return (f"rank {rec['rank']} ran {calls or 'no collective'}; all-reduce = one reduce_scatter_single "
+        r, calls = rec["rank"], {name: size for name, size, *_ in rec["collectives"]}
+        if sorted(name for name, *_ in rec["collectives"]) != ["all_gather_single", "reduce_scatter_single"]:
+            return (f"rank {r} ran {sorted(calls) or 'no collective'}; all-reduce = one reduce_scatter_single "
                     "followed by one all_gather_single.")
+        if calls["reduce_scatter_single"] != length or calls["all_gather_single"] != length:
+            return (f"rank {r}'s reduce_scatter_single took {calls['reduce_scatter_single']} bytes in and its "
+                    f"all_gather_single gave {calls['all_gather_single']} bytes out; your tensor is {case.size} "
+                    f"element(s) of {item} bytes, and each rank's share of an all-reduce passes once through each "
+                    f"collective, so both move {length} bytes: the tensor, with only as many extra elements as "
+                    f"{p} equal chunks need.")
     return None
 
 

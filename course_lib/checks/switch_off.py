@@ -12,6 +12,7 @@ A learner who catches the error and carries on still fails: every attempt is rem
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from contextlib import contextmanager
 
@@ -119,7 +120,18 @@ def _stub_code(fn, key: str):
     return scope["_factory"](*([None] * len(free))).__code__
 
 
-def library_stubs(paths, exercise: str, why: str = ""):
+# Every way the course (or Python) starts ranks or processes: off while a learner's function runs under a checker,
+# in the notebook's process and on the ranks, so no exercise can be answered by launching ranks of one's own.
+LAUNCHERS = ("course_lib.launch.run", "course_lib.launch._launch_once", "course_lib._forkserver.get_server",
+             "course_lib.persistent_ranks.Ranks.start",
+             "course_lib.persistent_ranks.Ranks.run_cell", "course_lib.persistent_ranks.Ranks.pull",
+             "course_lib.labs.torchrun.run", "course_lib.labs.torchrun.run_nodes", "course_lib.labs.torchrun._start",
+             "torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
+             "multiprocessing.process.BaseProcess.start", "subprocess.Popen.__init__")
+_OS_LAUNCHERS = ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp", "spawnv", "spawnve", "execv", "execve")
+
+
+def library_stubs(paths, exercise: str, why: str = "", launchers: bool = False):
     """[(function, its real code, the refusing code)] for library functions given by dotted path."""
     out = []
     for path in paths:
@@ -127,16 +139,22 @@ def library_stubs(paths, exercise: str, why: str = ""):
         fn = getattr(fn, "__func__", fn)
         key = f"{exercise}:{path}"
         short = path.removeprefix("course_lib.")
-        _refusals[key] = _say(exercise, why, f"the course's own {short} (it holds the answer)")
+        if path.startswith("torch.distributed."):      # torch's own call, switched off for this exercise
+            _refusals[key] = _say(exercise, why, f"dist.{path.rsplit('.', 1)[1]}")
+            out.append((fn, fn.__code__, _stub_code(fn, key)))
+            continue
+        _refusals[key] = (_say(exercise, why, f"starting ranks or processes ({path.removesuffix('.__init__')})")
+                          if launchers else _say(exercise, why, f"the course's own {short} (it holds the answer)"))
         out.append((fn, fn.__code__, _stub_code(fn, key)))
     return out
 
 
 @contextmanager
-def switched_off(exercise: str, forbid=(), why: str = "", library=()):
+def switched_off(exercise: str, forbid=(), why: str = "", library=(), launching: bool = True):
     """Within the block, the collectives named in ``forbid`` ('all', 'all_reduce', 'send_recv', ...; see
     c10d_names.COLLECTIVES) and the library functions in ``library`` (dotted paths) raise SwitchedOff with
-    "<exercise> is about <why>; <what> is switched off here." Raised at the end too if the learner caught it."""
+    "<exercise> is about <why>; <what> is switched off here." Raised at the end too if the learner caught it.
+    ``launching``: every way of starting ranks or processes (LAUNCHERS, os.fork, os.system, ...) is off too."""
     forbidden = set(expand(forbid))
     saved = []
     modules = [sys.modules.get(m) or importlib.import_module(m) for m in _MODULES]
@@ -149,8 +167,14 @@ def switched_off(exercise: str, forbid=(), why: str = "", library=()):
                     saved.append((module, attr, getattr(module, attr)))
                     setattr(module, attr, stub)
     stubs = library_stubs(library, exercise, why)
+    if launching:
+        stubs += library_stubs([p for p in LAUNCHERS if p not in library], exercise, why, launchers=True)
     for fn, _, stub in stubs:
         fn.__code__ = stub
+    for attr in _OS_LAUNCHERS if launching else ():
+        if hasattr(os, attr):
+            saved.append((os, attr, getattr(os, attr)))
+            setattr(os, attr, _python_stub(_say(exercise, why, f"starting processes (os.{attr})")))
     before = len(_attempts)
     mode = _stop_ops(exercise, why, forbidden) if forbidden else None
     try:
