@@ -14,25 +14,34 @@ from course_lib.checks.sharding import check_per_rank_bytes
 from course_lib.checks.training import check_ring_bytes, check_servers_to_match_ring
 
 
-def test_cards_days_and_seconds():
-    def cards():
-        st = hw.training_state_bytes(hw.row("training_runs", "LLaMA-65B")["params"], "mixed")
-        return hw.gpus_to_hold(st["total"], hw.row("accelerators", "H100 SXM 80GB"))
+def test_largest_model_mfu_and_seconds():
+    h100 = hw.row("accelerators", "H100 SXM 80GB")
 
-    assert cards() == 13                                        # 1.0432e12 B / (81559 MiB = 85.5e9 B) = 12.2
-    estimates.check_cards_for_llama(cards)
-    estimates.check_cards_for_llama(lambda: math.ceil(16 * 65.2e9 / (80 * 2**30)))   # the name's 80 GiB: also 13
-    with pytest.raises(ExerciseFailed) as e:
-        estimates.check_cards_for_llama(lambda: cards() - 1)    # 12 bytes per parameter, say
-    assert str(cards()) not in str(e.value).replace(str(cards() - 1), "") and "Hint" in str(e.value)
-    with pytest.raises(ExerciseFailed, match=r"you said 14 cards.*80 GiB"):
-        estimates.check_cards_for_llama(lambda: math.ceil(16 * 65.2e9 / 80e9))   # "80GB" read as 80e9 bytes
+    def largest():                                      # the bytes of eight cards over 16 bytes per parameter
+        return 8 * hw.memory_bytes(h100) / hw.training_state_bytes(1, "mixed")["total"]
+
+    estimates.check_largest_model_on_a_server(largest)
+    estimates.check_largest_model_on_a_server(lambda: int(8 * 80 * 2**30 // 16))    # the name's 80 GiB, floored
+    for wrong in (lambda: 8 * 80e9 / 16,                     # "80GB" read as 80e9 bytes
+                  lambda: 8 * hw.memory_bytes(h100) / 12,    # 12 bytes per parameter
+                  lambda: hw.memory_bytes(h100) / 16):       # one card, not eight
+        with pytest.raises(ExerciseFailed) as e:
+            estimates.check_largest_model_on_a_server(wrong)
+        assert f"{largest():.4g}" not in str(e.value) and "Hint" in str(e.value)
+    with pytest.raises(ExerciseFailed, match=r"starting ranks or processes"):   # no answer from ranks of one's own
+        estimates.check_largest_model_on_a_server(lambda: __import__("course_lib.launch").launch.run(print, 2))
 
     b = hw.row("training_runs", "BLOOM-176B")
-    days = hw.training_flops(b["params"], b["tokens"]) / (b["gpus"] * b["tflops_per_gpu"] * 1e12) / 86400
-    estimates.check_bloom_days(lambda: days)
-    with pytest.raises(ExerciseFailed, match=r"you said 0\.9 days"):
-        estimates.check_bloom_days(lambda: days / 86400 * 1000)
+    flops = hw.training_flops(b["params"], b["tokens"])
+    mfu = flops / (b["gpu_hours"] * 3600) / 312e12
+    assert 0.30 < mfu < 0.33                               # ~99 TFLOP/s averaged, against 150 measured while running
+    estimates.check_bloom_mfu(lambda: mfu)
+    estimates.check_bloom_mfu(lambda: 6 * b["params"] * b["tokens"] / 3600 / b["gpu_hours"] / 312 / 1e12)
+    for wrong in (lambda: b["tflops_per_gpu"] / 312,            # the measured rate, not the run's average
+                  lambda: flops / (b["gpu_hours"] * 60) / 312e12,   # hours taken as minutes
+                  lambda: flops / 3 / (b["gpu_hours"] * 3600) / 312e12):   # 2·N·D, the forward pass only
+        with pytest.raises(ExerciseFailed, match=r"Exercise 1\.2: you said"):
+            estimates.check_bloom_mfu(wrong)
     seconds = hw.transfer_time_s(2 * hw.row("training_runs", "LLaMA-65B")["params"], "PCIe 4.0 x16")
     estimates.check_gradient_transfer(lambda: seconds)
     with pytest.raises(ExerciseFailed, match=r"Exercise 2\.1: you said"):
@@ -96,15 +105,101 @@ def test_servers_and_bandwidths():
         estimates.check_all_gather_bandwidths(lambda: (algbw, algbw * 2 * 7 / 8))   # all_reduce's factor
 
 
-def test_ring_and_ps_formulas_refuse_the_library():
-    check_servers_to_match_ring(lambda n: max(1, math.ceil(n * n / (2 * (n - 1)) - 1e-9)))
-    with pytest.raises(ExerciseFailed, match=r"Exercise 10\.2 is about solving the PS and ring formulas; the course's "
-                                             r"own costmodel\.ps_vs_allreduce \(it holds the answer\) is switched"):
-        check_servers_to_match_ring(lambda n: next(k for k in range(1, n + 1)
-                                                   if costmodel.ps_vs_allreduce(n, 1, 1, k)["ps_s"]
-                                                   <= costmodel.ps_vs_allreduce(n, 1, 1, k)["allreduce_s"]))
+def _cpu_machines_closed_form(n, ratio):
+    """ratio >= n^2 / (n^2 + k(n-2)), solved for k."""
+    if ratio >= 1:
+        return 0
+    if n == 2 or ratio < n / (2 * (n - 1)) - 1e-12:
+        return None
+    return min(n, max(0, math.ceil(n * n * (1 - ratio) / (ratio * (n - 2)) - 1e-9)))
+
+
+def _cpu_machines_by_search(n, ratio):
+    ring = 2 * (n - 1) / n
+    return next((k for k in range(n + 1) if 2 * n * (n - 1) / (n * n + k * n - 2 * k) <= ratio * ring * (1 + 1e-12)),
+                None)
+
+
+def test_cpu_machines_for_byteps():
+    check_servers_to_match_ring(_cpu_machines_closed_form)
+    check_servers_to_match_ring(_cpu_machines_by_search)
+    with pytest.raises(ExerciseFailed, match=r"n=2 GPU machines, at most 1 x the ring's time: you said 2"):
+        check_servers_to_match_ring(lambda n, ratio: max(1, math.ceil(n * n / (2 * (n - 1)) * ratio - 1e-9)))
+    with pytest.raises(ExerciseFailed, match=r"Exercise 10\.2 is about solving BytePS's formula for k; the course's "
+                                             r"own costmodel\.byteps_optimal \(it holds the answer\) is switched"):
+        check_servers_to_match_ring(lambda n, r: next((k for k in range(n + 1) if costmodel.byteps_optimal(n, 1, 1, k)
+                                                       <= r * 2 * (n - 1) / n), None))
+
+
+def test_ring_bytes_refuses_the_library_and_running_it():
     with pytest.raises(ExerciseFailed, match=r"costmodel\.allreduce_traffic \(it holds the answer\) is switched off"):
         check_ring_bytes(lambda n, m: costmodel.allreduce_traffic("ring", n, m)["busiest"])
+    with pytest.raises(ExerciseFailed, match=r"costmodel\.ring_reduce_scatter \(it holds the answer\)"):
+        check_ring_bytes(lambda n, m: costmodel.ring_reduce_scatter(n, m, 0, 1) + costmodel.ring_all_gather(n, m, 0, 1))
+    with pytest.raises(ExerciseFailed, match=r"costmodel\.rabenseifner_allreduce \(it holds the answer\)"):
+        check_ring_bytes(lambda n, m: costmodel.rabenseifner_allreduce(n, m, 0, 1))
+    with pytest.raises(ExerciseFailed, match=r"comm_log\.Call\.ring_bytes\.fget \(it holds the answer\)"):
+        check_ring_bytes(lambda n, m: __import__("course_lib.measure.comm_log", fromlist=["Call"])
+                         .Call("all_reduce", m, n).ring_bytes)
+    with pytest.raises(ExerciseFailed, match=r"course's own launch\.run \(it holds the answer\)"):
+        check_ring_bytes(_ring_bytes_by_running)
+
+
+def _ring_bytes_by_running(n, m):
+    from course_lib import run
+    from course_lib.collectives import Traffic, ring_all_reduce
+
+    def count():
+        import torch
+
+        t = Traffic()
+        ring_all_reduce(torch.ones(m // 4), traffic=t)
+        return t.bytes_sent
+    return run(count, world_size=n, output="none").values[0]
+
+
+def test_ring_bytes_needs_more_than_the_measured_sizes():
+    table = {2: 2 * 1 / 2, 3: 2 * 2 / 3, 4: 2 * 3 / 4}        # right on the sizes that are run, and no further
+    with pytest.raises(ExerciseFailed, match=r"n=5, M=\d+: you said"):
+        check_ring_bytes(lambda n, m: table.get(n, 1.0) * m)
+    check_ring_bytes(lambda n, m: (m - m / n) * 2)
+
+
+def _ring_rows(rows):
+    return [r for r in rows if r["op"] == "ring"]
+
+
+def _fit_with_fit_line(rows):
+    """The line t = a + b S in other units: a = 2(p-1) alpha, b = 2(p-1)/p beta."""
+    ring = _ring_rows(rows)
+    p = ring[0]["ranks"]
+    a, b = costmodel.fit_line([r["size_bytes"] for r in ring], [r["time_us"] * 1e-6 for r in ring])
+    return a / (2 * (p - 1)), b * p / (2 * (p - 1))
+
+
+def _fit_in_microseconds(rows):
+    ring = _ring_rows(rows)
+    a, b = costmodel.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] for r in ring],
+                                    p=ring[0]["ranks"], algorithm="ring")
+    return a / 1e6, b / 1e6
+
+
+def test_course_ring_fit_accepts_any_good_fit():
+    import csv
+    import os
+
+    rows = [dict(r) for r in csv.DictReader(open(os.path.join(os.path.dirname(__file__), "..", "data",
+                                                              "bench_collectives_2core.csv")))]
+    for r in rows:
+        r["size_bytes"], r["ranks"], r["time_us"] = int(r["size_bytes"]), int(r["ranks"]), float(r["time_us"])
+    estimates.check_course_ring_fit(_fit_with_fit_line, rows)
+    estimates.check_course_ring_fit(_fit_in_microseconds, rows)
+    fixed = _fit_with_fit_line(rows)
+    with pytest.raises(ExerciseFailed, match=r"on another machine's sweep \(3 ranks\) your alpha"):
+        estimates.check_course_ring_fit(lambda _: fixed, rows)                 # this machine's numbers, typed in
+    with pytest.raises(ExerciseFailed, match=r"on the measured sweep your alpha"):
+        estimates.check_course_ring_fit(lambda rs: _fit_with_fit_line([dict(r, op="ring") for r in rs
+                                                                        if r["op"] == "all_reduce"]), rows)
 
 
 def test_per_rank_bytes_refuses_the_library():
@@ -115,6 +210,18 @@ def test_per_rank_bytes_refuses_the_library():
                                              r"answer\) is switched off here\."):
         check_per_rank_bytes(lambda scheme, shapes, p: per_rank_bytes(scheme, shapes, p))
     assert per_rank_bytes("DP", [(2, 3)], 2)["params"] == 24      # and it works again afterwards
+
+
+def _measured_on_ranks(scheme, shapes, p):      # right numbers by the library's runs, not by a rule
+    from course_lib.training import zero
+
+    out = zero.run_schemes(p, (scheme,), steps=1, batch_size=16, hidden=32, comm_log=False)
+    return {c: out[scheme][0]["memory"][c] for c in ("params", "grads", "optimizer")}
+
+
+def test_per_rank_bytes_refuses_measuring_real_ranks():
+    with pytest.raises(ExerciseFailed, match=r"training\.zero\.run_schemes \(it holds the answer\) is switched off"):
+        check_per_rank_bytes(_measured_on_ranks)
 
 
 def test_failure_rates():
@@ -135,8 +242,12 @@ def test_torchrun_line_read_by_torchruns_parser():
                 f"--rdzv-endpoint={head}:{port} -m course_lib.labs.hello")
 
     multi_node.check_torchrun_line(line)
-    with pytest.raises(ExerciseFailed, match=r"torchrun reads --node-rank as 0"):
-        multi_node.check_torchrun_line(lambda *a: line(a[0], 0, *a[2:]))
+    # c10d ranks the nodes itself: --node-rank left out (or 0 everywhere) passes, a wrong one does not
+    multi_node.check_torchrun_line(lambda *a: line(*a).replace(f"--node_rank={a[1]} ", ""))
+    multi_node.check_torchrun_line(lambda *a: line(a[0], 0, *a[2:]))
+    with pytest.raises(ExerciseFailed, match=r"torchrun reads --node-rank as 2") as e:
+        multi_node.check_torchrun_line(lambda *a: line(a[0], a[1] + 1, *a[2:]))
+    assert "which one it is" not in str(e.value)
     with pytest.raises(ExerciseFailed, match=r"torchrun's argument parser refuses it"):
         multi_node.check_torchrun_line(lambda *a: line(*a).replace("--nnodes", "--nodes"))
 
@@ -150,3 +261,36 @@ def test_torchrun_line_read_by_torchruns_parser():
     multi_node.check_global_rank(lambda node, local, gpus: node * gpus + local)
     with pytest.raises(ExerciseFailed, match=r"node 1, local rank 0, 1 GPUs per node: you said 0"):
         multi_node.check_global_rank(lambda node, local, gpus: local)
+
+
+def test_17_2_checks_its_second_question_the_ranks_on_a_node():
+    def rank(node, local, gpus):
+        return node * gpus + local
+
+    multi_node.check_global_rank(rank, lambda node, gpus: [rank(node, k, gpus) for k in range(gpus)])
+    multi_node.check_global_rank(rank, lambda node, gpus: range(node * gpus, node * gpus + gpus))
+    with pytest.raises(ExerciseFailed, match=r"the ranks on node 0 with 4 GPUs per node: you said \[0, 4\]"):
+        multi_node.check_global_rank(rank, lambda node, gpus: [node + gpus * k for k in range(2)] if gpus == 4
+                                     else list(range(node * gpus, node * gpus + gpus)))
+
+
+def test_tor_share():
+    nic = hw.row("links", "InfiniBand NDR")["GBps_one_direction"]
+
+    def share(servers, gpus, uplinks):
+        ratio = servers * gpus / uplinks
+        return ratio, nic / max(ratio, 1)
+
+    def share_in_bandwidth(servers, gpus, uplinks):   # written differently: GB/s down over GB/s up, then the NIC cap
+        down, up = servers * gpus * nic, uplinks * nic
+        return down / up, min(nic, up / (servers * gpus))
+
+    estimates.check_tor_share(share)
+    estimates.check_tor_share(share_in_bandwidth)
+    for wrong in (lambda s, g, u: (s / u, nic / max(s / u, 1)),          # servers counted, not NICs
+                  lambda s, g, u: (s * g / u, nic / (s * g / u)),        # a GPU faster than its own NIC
+                  lambda s, g, u: (s * g / u, nic)):                     # the uplinks never shared
+        with pytest.raises(ExerciseFailed, match=r"Exercise 2\.2: with \d+ servers"):
+            estimates.check_tor_share(wrong)
+    with pytest.raises(ExerciseFailed, match=r"return two numbers"):
+        estimates.check_tor_share(lambda s, g, u: s * g / u)

@@ -10,7 +10,12 @@ import torch.distributed as dist
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.sharding import check_zero1_flat_step
 from course_lib.checks.tensor_parallel import check_column_parallel_forward, check_row_parallel_linear
-from course_lib.checks.training import check_average_gradients, check_bucket_all_reduce, check_momentum_server_step
+from course_lib.checks.training import (
+    check_average_gradients,
+    check_bucket_all_reduce,
+    check_momentum_server_step,
+    check_server_bytes,
+)
 
 
 def server_without_momentum(shard, velocity, workers, lr, momentum):
@@ -101,28 +106,176 @@ def test_tensor_parallel_refusals():
 
 
 CELL_BY_CELL = '''
-def reduce_to(v, dst):
-    dist.all_reduce(v)            # also gives rank dst the sum, but it is not Reduce
+def newest():                   # MAX of the versions, then MAX of the ranks that hold it
+    top = torch.tensor([version], device=device)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    who = torch.tensor([rank if version == top.item() else -1], device=device)
+    dist.all_reduce(who, op=dist.ReduceOp.MAX)
+    return int(who.item())
 
-def copy_from(w, src):
+def newest_encoded():           # written differently: one MAX of version * world_size + rank
+    key = torch.tensor([version * world_size + rank], device=device)
+    dist.all_reduce(key, op=dist.ReduceOp.MAX)
+    return int(key.item()) % world_size
+
+def newest_by_gathering():      # the shortcut: everyone's versions
+    everyone = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world_size)]
+    dist.all_gather(everyone, torch.tensor([version], device=device))
+    return int(torch.cat(everyone).argmax())
+
+def newest_own_rank():          # a wrong result
+    return rank
+
+def sync():
+    global version
+    src = newest()
     dist.broadcast(w, src=src)
+    v = torch.tensor([version], device=device)
+    dist.broadcast(v, src=src)
+    version = int(v.item())
 
-def sum_by_gathering(mine):
-    raise NotImplementedError("Exercise 5b.3: all-reduce from all-gather: write your solution here")
+def sync_by_sum():              # right numbers, wrong method: w summed with zeros from every other rank
+    global version
+    src = newest()
+    mine = w if rank == src else torch.zeros_like(w)
+    dist.all_reduce(mine)
+    w.copy_(mine)
+    version = max(version, 0) if rank == src else int(torch.tensor(0).item())
+    v = torch.tensor([version], device=device)
+    dist.all_reduce(v, op=dist.ReduceOp.MAX)
+    version = int(v.item())
+
+acc, seen = None, 0
+
+def accumulate(g):
+    global acc, seen
+    acc = g.clone() if acc is None else acc + g
+    seen += 1
+
+def step():
+    global acc, seen
+    total = acc / seen
+    dist.all_reduce(total)
+    acc, seen = None, 0
+    return total / world_size
+
+def accumulate_eagerly(g):      # right numbers, wrong method: an all-reduce for every micro-batch
+    global acc, seen
+    g = g.clone()
+    dist.all_reduce(g)
+    acc = g if acc is None else acc + g
+    seen += 1
+
+def step_eagerly():
+    global acc, seen
+    total = acc / seen / world_size
+    acc, seen = None, 0
+    dist.all_reduce(torch.zeros(1, device=device))
+    return total
+
+def step_never_reset():         # a wrong result from the second step on
+    total = acc / seen
+    dist.all_reduce(total)
+    return total / world_size
 '''
 
 
 def test_cell_by_cell_checks_run_on_the_live_ranks(capsys):
-    from course_lib.checks.cell_by_cell import check_copy_from, check_reduce_to, check_sum_by_gathering
+    from course_lib.checks.cell_by_cell import check_accumulate, check_newest, check_sync
     from course_lib.interactive import Ranks
 
     with Ranks(4, timeout=10) as ranks:
         ranks.run_cell(CELL_BY_CELL, show=False)
-        check_copy_from(ranks)
-        assert capsys.readouterr().out.startswith("✓ Exercise 5b.2 passed")
-        # every rank calls the switched-off all_reduce; the first rank to report it is named
-        with pytest.raises(ExerciseFailed, match=r"^Exercise 5b\.1 is about Reduce, which delivers the sum to one "
-                                                 r"rank; dist\.all_reduce is switched off here\. \(rank \d\)"):
-            check_reduce_to(ranks)
+        check_newest(ranks)
+        check_sync(ranks)
+        check_accumulate(ranks)
+        assert capsys.readouterr().out.count("passed") == 3
+        ranks.run_cell("newest = newest_encoded", show=False)
+        check_newest(ranks)
+        ranks.run_cell("newest = newest_by_gathering", show=False)
+        with pytest.raises(ExerciseFailed, match=r"dist\.all_gather is switched off here"):
+            check_newest(ranks)
+        ranks.run_cell("newest = newest_own_rank", show=False)
+        with pytest.raises(ExerciseFailed, match=r"rank 0's newest\(\) returned 0"):
+            check_newest(ranks)
+        ranks.run_cell("newest = newest_encoded\nsync = sync_by_sum", show=False)
+        with pytest.raises(ExerciseFailed, match=r"must travel in exactly one broadcast"):
+            check_sync(ranks)
+        ranks.run_cell("accumulate, step = accumulate_eagerly, step_eagerly", show=False)
+        with pytest.raises(ExerciseFailed, match=r"accumulate ran \[\('all_reduce', 12\)\]"):
+            check_accumulate(ranks)
+        ranks.run_cell("acc, seen = None, 0\naccumulate, step = accumulate, step_never_reset\n"
+                       "def accumulate(g):\n    global acc, seen\n    acc = g.clone() if acc is None else acc + g\n"
+                       "    seen += 1", show=False)
+        with pytest.raises(ExerciseFailed, match=r"step 2 \(1 accumulate cell\(s\) before it\)"):
+            check_accumulate(ranks)
+        ranks.run_cell("def step():\n    raise NotImplementedError('Exercise 5b.3: gradients over cells: write "
+                       "your solution here')", show=False)
         with pytest.raises(NotImplementedError, match=r"^Exercise 5b\.3: not attempted yet\."):
-            check_sum_by_gathering(ranks)
+            check_accumulate(ranks)
+
+
+def _zero1_padded_views(params, m, v, t, lr):      # a correct ZeRO-1 written another way: views into one buffer
+    from course_lib.training.adam import adam_step
+
+    rank, p, c = dist.get_rank(), dist.get_world_size(), m.numel()
+    grads = torch.cat([q.grad.flatten() for q in params])
+    grads = torch.cat([grads, grads.new_zeros(p * c - grads.numel())])
+    mine = grads.new_empty(c)
+    dist.reduce_scatter_single(mine, grads)
+    weights = torch.cat([q.detach().flatten() for q in params])
+    weights = torch.cat([weights, weights.new_zeros(p * c - weights.numel())])
+    w = weights.view(p, c)[rank].clone()
+    adam_step(w, mine / p, m, v, t, lr)
+    dist.all_gather_single(weights, w)
+    off = 0
+    with torch.no_grad():
+        for q in params:
+            q.copy_(weights[off:off + q.numel()].view_as(q))
+            off += q.numel()
+
+
+_FULL_STATE = {}
+
+
+def _dp_under_zero1s_name(params, m, v, t, lr):    # the right calls, but full Adam on a full state kept aside
+    from course_lib.training.adam import adam_step
+
+    p, c = dist.get_world_size(), m.numel()
+    n = sum(q.numel() for q in params)
+    flat = torch.zeros(p * c)
+    flat[:n] = torch.cat([q.grad.flatten() for q in params])
+    mine = torch.empty(c)
+    dist.reduce_scatter_single(mine, flat)
+    full = torch.empty(p * c)
+    dist.all_gather_single(full, mine / p)
+    state = _FULL_STATE.setdefault((dist.get_rank(), p), (torch.zeros(n), torch.zeros(n)))
+    w = torch.cat([q.detach().flatten() for q in params])
+    adam_step(w, full[:n], state[0], state[1], t, lr)
+    torch.nn.utils.vector_to_parameters(w, params)
+
+
+def test_zero1_needs_the_sharded_state():
+    check_zero1_flat_step(_zero1_padded_views)
+    with pytest.raises(ExerciseFailed, match="did not use this rank's shard of Adam's state"):
+        check_zero1_flat_step(_dp_under_zero1s_name)
+
+
+def test_server_bytes_accepts_the_rounded_and_the_exact_shard():
+    check_server_bytes(lambda n, m, k: n * m / k)                              # the shards' rounding ignored
+    check_server_bytes(lambda n, m, k: n * 4 * -(-(m // 4) // k))             # server 0's shard, rounded up
+    with pytest.raises(ExerciseFailed, match=r"n=1 workers, k=1 servers, M=\d+ bytes: you said"):
+        check_server_bytes(lambda n, m, k: 2 * m / k)
+
+
+def _server_bytes_by_running(n, m, k):
+    from course_lib import run
+    from course_lib.training.ps import ps_train
+
+    got = run(ps_train, world_size=n + k, kwargs=dict(steps=1, n_servers=k, hidden=32), output="none").values
+    return got[0]["traffic"][0][1]
+
+
+def test_server_bytes_refuses_running_the_ps():
+    with pytest.raises(ExerciseFailed, match=r"course's own launch\.run \(it holds the answer\) is switched off"):
+        check_server_bytes(_server_bytes_by_running)
