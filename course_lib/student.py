@@ -48,6 +48,7 @@ COURSE_NOTEBOOKS = (
     "15_expert_and_context_parallel.ipynb",
     "16_failures_and_recovery.ipynb",
     "17_multi_node_lab.ipynb",
+    "18_debugging_distributed_training.ipynb",
 )
 # Notebook metadata that holds outputs: ipywidgets' saved state (with the widgets' last outputs).
 _OUTPUT_METADATA = ("widgets",)
