@@ -300,6 +300,26 @@ def test_tp_dropout_masks_differ_across_rank_step_pairs():
     _fails(m.check_tp_dropout, _fn(DROP_SHIFT, "tp_dropout"), "rank 0 at step 1 and rank 1 at step 0")
 
 
+@pytest.mark.parametrize("k", [4, 100])
+def test_tp_dropout_masks_differ_at_steps_far_apart(k):
+    # seed + step + k * rank: rank 1 at step 0 repeats rank 0 at step k
+    src = DROP_SHIFT.replace("+ dist.get_rank()", f"+ {k} * dist.get_rank()")
+    _fails(m.check_tp_dropout, _fn(src, "tp_dropout"), f"rank 0 at step {k} and rank 1 at step 0")
+
+
+# a fix with fork_rng and a seed that mixes step and rank without collisions
+DROP_FORK = """
+def tp_dropout(h, step, p=0.5):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4321 + step * dist.get_world_size() + dist.get_rank())
+        return F.dropout(h, p)
+"""
+
+
+def test_tp_dropout_collision_free_seed_passes():
+    m.check_tp_dropout(_fn(DROP_FORK, "tp_dropout"))
+
+
 # ------------------------------------------------------------------------------------------- 18.6
 VOCAB_BODY = """
     logits = h @ W[lo:hi].T

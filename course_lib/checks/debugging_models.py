@@ -36,7 +36,7 @@ def _generator_states():
     return states
 
 
-STEPS_5 = (0, 1, 2, 0)        # the last call repeats step 0: recomputation must give the same mask
+STEPS_5 = (0, 1, 2, 3, 4, 7, 100, 1000, 10007, 0)   # some far apart; the last repeats step 0 (recomputation)
 
 
 def _dropout_case(exercise, tp_dropout, shape):
@@ -97,8 +97,8 @@ def check_tp_dropout(tp_dropout, exercise: str = "Exercise 18.5") -> None:
                     raise ExerciseFailed(with_hint(
                         f"{exercise}: {world} ranks, step 0: ranks {a} and {b} kept or dropped the same entry in "
                         f"{same:.0%} of places; independent masks agree in about half.", hint))
-        # every (rank, step) pair its own mask: a seed that only adds rank and step repeats rank r+1's mask at step s
-        # as rank r's at step s + 1
+        # every (rank, step) pair its own mask: seed + step + k * rank repeats rank r + 1's mask at step s as rank
+        # r's at step s + k, so compare every pair, at steps far apart too
         masks = [((r, step), vals[r][0][k]) for r in range(world) for k, step in enumerate(STEPS_5[:-1])]
         for i, (who, m) in enumerate(masks):
             for other, m2 in masks[i + 1:]:
@@ -108,8 +108,8 @@ def check_tp_dropout(tp_dropout, exercise: str = "Exercise 18.5") -> None:
                         f"{exercise}: {world} ranks: rank {who[0]} at step {who[1]} and rank {other[0]} at step "
                         f"{other[1]} kept or dropped the same entry in {same:.0%} of places; independent masks agree "
                         "in about half.", hint))
-    return passed(exercise, "on 2 and 4 ranks the masks differ across ranks, steps and (rank, step) pairs, repeat for "
-                            "the same step, and the default generator is left alone")
+    return passed(exercise, "on 2 and 4 ranks, steps 0 to 10007: the masks differ across ranks, steps and (rank, "
+                            "step) pairs, repeat for the same step, and the default generator is left alone")
 
 
 # ------------------------------------------------------------------------------------------- 18.6 vocabulary
