@@ -125,8 +125,9 @@ class _Launch:
         for f in self.failures:  # a rank's own traceback first: its stack may have been dumped as it was leaving
             if f.phase == "teardown":  # the course's end-of-run barrier, not the learner's code
                 places[f.rank] = "had returned from the function and waited for the others"
-            elif f.timed_out:
-                places[f.rank] = where(resolve_frames(f.frames, fn)) + " (timed out there)"
+            elif f.timed_out or f.consequence:  # waited there until the timeout, or until its peer left
+                places[f.rank] = where(resolve_frames(f.frames, fn))  # the headline says who timed out
+        places = {r: p for r, p in places.items() if p}
         for r, frames in self.stacks.items():
             if r not in places and where(resolve_frames(frames, fn)):
                 places[r] = where(resolve_frames(frames, fn))

@@ -53,7 +53,10 @@ def test_two_ranks_in_a_send_cycle_are_each_shown_in_their_send():
     with pytest.raises(RankFailed) as info:
         run(CYCLE, 2, timeout=3, output="none")
     text = str(info.value)
-    assert "ranks 0 and 1: dist.send at " in text and f"line {_line(CYCLE, 'dist.send(t, 1 - r)')}" in text
+    line = _line(CYCLE, "dist.send(t, 1 - r)")
+    # both time out in their send, or the second sees the first leave while still in it (its stack then says so)
+    for r in (0, 1):
+        assert re.search(rf"(rank {r}|ranks 0 and 1): dist\.send at .*line {line}\b", text), text
 
 
 SPIN = notebook_function("""
