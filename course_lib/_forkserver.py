@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -22,6 +21,8 @@ import threading
 import time
 
 from .protocol import EXIT_CHILD_BROKEN, SERVER_START_S, recv_msg, send_msg
+from .runtime.ending import end_tree
+from .runtime.loop import Loop, readable
 
 # ---------------------------------------------------------------- server side (its own process)
 
@@ -49,47 +50,52 @@ def serve(sock_fd: int, preload: tuple = ()) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the kernel is not for us
     send_msg(sock, ("ready", os.getpid()))
-    while True:
+    loop = Loop()
+
+    def woken() -> bool:  # SIGCHLD: a child exited
         try:
-            readable, _, _ = select.select([sock, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in readable:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
+            while os.read(wake_r, 512):
                 pass
+        except BlockingIOError:
+            pass
         _reap(sock)
-        if sock in readable:
-            msg, fds = recv_msg(sock)
-            if msg is None:
-                break
-            if isinstance(msg, tuple) and msg[0] == "import":  # more modules for the children, from now on
-                for name in msg[1]:
-                    try:
-                        importlib.import_module(name)
-                    except Exception:  # an optimisation only: a rank that needs it reports its own error
-                        pass
-                continue
-            pid = os.fork()
-            if pid == 0:
-                code = EXIT_CHILD_BROKEN
+        return True
+
+    def request() -> bool:  # the kernel asks: import more, or fork a rank; EOF when the kernel is gone
+        msg, fds = recv_msg(sock)
+        if msg is None:
+            return False
+        if isinstance(msg, tuple) and msg[0] == "import":  # more modules for the children, from now on
+            for name in msg[1]:
                 try:
-                    signal.set_wakeup_fd(-1)
-                    for sig in (signal.SIGCHLD, signal.SIGINT):
-                        signal.signal(sig, signal.SIG_DFL)
-                    for fd in (wake_r, wake_w, life_w):
-                        os.close(fd)
-                    sock.close()
-                    # The request names the rank's entry module (one-shot or persistent ranks).
-                    code = importlib.import_module(msg["entry"]).main(msg, fds, life_r)
-                finally:
-                    os._exit(code)
-            for fd in fds:
-                os.close(fd)
-            send_msg(sock, ("pid", msg.get("request"), pid))
-            _reap(sock)
+                    importlib.import_module(name)
+                except Exception:  # an optimisation only: a rank that needs it reports its own error
+                    pass
+            return True
+        pid = os.fork()
+        if pid == 0:
+            code = EXIT_CHILD_BROKEN
+            try:
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGCHLD, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                loop.close()
+                for fd in (wake_r, wake_w, life_w):
+                    os.close(fd)
+                sock.close()
+                # The request names the rank's entry module (one-shot or persistent ranks).
+                code = importlib.import_module(msg["entry"]).main(msg, fds, life_r)
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        send_msg(sock, ("pid", msg.get("request"), pid))
+        _reap(sock)
+        return True
+
+    loop.watch(wake_r, woken)
+    loop.watch(sock, request)
+    loop.run(lambda: sock.fileno() == -1 or not loop.watching(sock))
 
 
 def _reap(sock: socket.socket) -> None:
@@ -129,8 +135,7 @@ class ForkServer:
         self._pids: dict[int, int] = {}
         self._next_request = 0
         self.lock = threading.RLock()
-        ready, _, _ = select.select([ours], [], [], start_timeout)
-        msg = recv_msg(ours)[0] if ready else None
+        msg = recv_msg(ours)[0] if readable(ours, start_timeout) else None
         if not msg or msg[0] != "ready":
             self.close()
             why = msg[1] if msg else f"it did not answer within {start_timeout:.0f} s"
@@ -166,9 +171,7 @@ class ForkServer:
             while request not in self._pids and time.monotonic() < end and self.pump(timeout=0.1):
                 pass
             if request in self._pids:
-                from .runtime.ending import signal_group
-
-                signal_group(self._pids.pop(request), signal.SIGKILL)
+                end_tree(self._pids.pop(request), polite=False)
             raise
         return self._pids.pop(request)
 
@@ -176,8 +179,7 @@ class ForkServer:
         """Read every message waiting (pids, exit codes); False if the server is gone."""
         wait = timeout
         while True:
-            ready, _, _ = select.select([self.sock], [], [], wait)
-            if not ready:
+            if not readable(self.sock, wait):
                 return True
             msg, _ = recv_msg(self.sock)
             if msg is None:
@@ -192,13 +194,8 @@ class ForkServer:
         try:
             self.sock.close()
         finally:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+            end_tree(self.proc, grace=5.0)  # the server, and any rank its lifeline has not ended yet
+            self.proc.wait()
 
 
 _server: ForkServer | None = None

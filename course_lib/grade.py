@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .runtime.ending import end_tree
+from .runtime.loop import Loop
 from .student import BEGIN, _source, exercise_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,9 +287,8 @@ def _start(job: _Job, cell_timeout: float, cwd: Path) -> None:
 def _stop(job: _Job) -> None:
     """The hard bound: the worker's process group, then the kernel it last started and everything below it."""
     kernel = int(job.pidfile.read_text() or 0) if job.pidfile.exists() else 0
-    end_tree(job.proc.pid, polite=False)
+    end_tree(job.proc, polite=False)
     end_tree(kernel, polite=False)
-    job.proc.wait()
     job.killed = True
 
 
@@ -308,25 +308,26 @@ def grade_all(submissions: Path, worked_dir: Path, out_dir: Path, cell_timeout: 
             continue
         todo.append(_Job(student, path, worked_path, work / f"{n}.jsonl", work / f"{n}.pid", work / f"{n}.err"))
     running: list[_Job] = []
-    done: list[_Job] = []
     queue = list(todo)
-    while queue or running:
+
+    def tick(now: float) -> None:  # on the runtime's loop: start what may run, stop what ran too long
         while queue and len(running) < max(1, jobs):
             job = queue.pop(0)
             _start(job, cell_timeout, worked_dir)
             running.append(job)
-        time.sleep(0.1)
         for job in list(running):
-            if job.proc.poll() is None and time.monotonic() - job.started > submission_timeout:
+            if job.proc.poll() is None and now - job.started > submission_timeout:
                 _stop(job)
             if job.proc.poll() is not None:
                 running.remove(job)
-                done.append(job)
                 kernel = int(job.pidfile.read_text() or 0) if job.pidfile.exists() else 0
                 end_tree(kernel, polite=False)   # nothing outlives it
                 got = _grades_of(job, worked_dir, submission_timeout)
                 print(f"{job.student} {job.path.name}: {sum(g.points for g in got)}/{len(got)} in "
-                      f"{time.monotonic() - job.started:.0f} s", flush=True)
+                      f"{now - job.started:.0f} s", flush=True)
+
+    tick(time.monotonic())
+    Loop().run(lambda: not queue and not running, tick=tick)
     grades = [g for job in todo for g in _grades_of(job, worked_dir, submission_timeout)]
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "grades.csv").open("w", newline="", encoding="utf-8") as f:

@@ -79,12 +79,17 @@ class Channel:
 
     def exit_code(self, p: RankProcess, within: float = 1.0) -> int | None:
         """The exit code the server reports for ``p`` (None if it did not within ``within`` seconds)."""
+        self._await_server(lambda: p.pid in self.server.exits, within)
+        p.note_exit(self.server.exits, time.monotonic())
+        return p.exit
+
+    def _await_server(self, done, within: float) -> None:
+        """Read the server's reports (pids' exits) until ``done()`` or ``within`` seconds have passed."""
         end = time.monotonic() + within
         with self.server.lock:
-            while p.pid not in self.server.exits and time.monotonic() < end and self.server.pump(0.05):
-                pass
-            p.note_exit(self.server.exits, time.monotonic())
-        return p.exit
+            loop = Loop()
+            loop.watch(self.server.fileno(), lambda: self.server.pump(0))
+            loop.run(lambda: done() or not self.server.alive(), lambda: end)
 
     def interrupt(self, procs: list[RankProcess]) -> None:
         """Relay the stop button: SIGINT to each rank, which raises KeyboardInterrupt in a running cell."""
@@ -101,12 +106,13 @@ class Channel:
                 send_msg(p.ctl, ("exit", 0))
             except OSError:
                 pass
-        end = time.monotonic() + within
-        with self.server.lock:
-            while any(p.exit is None for p in self.procs) and time.monotonic() < end and self.server.alive():
-                self.server.pump(0.02)
-                for p in self.procs:
-                    p.note_exit(self.server.exits, time.monotonic())
+
+        def gone() -> bool:
+            for p in self.procs:
+                p.note_exit(self.server.exits, time.monotonic())
+            return all(p.exit is not None for p in self.procs)
+
+        self._await_server(gone, within)
 
 
 def ok(reply) -> bool:

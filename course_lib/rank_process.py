@@ -13,6 +13,7 @@ import time
 
 from .protocol import STARTED
 from .runtime.ending import Escalation
+from .runtime.loop import Loop
 from .transfer import Receiver
 
 PIPE_BYTES = 1 << 20  # a result pipe this large moves a big result in 1 MiB reads (Linux; elsewhere the default)
@@ -214,13 +215,18 @@ def end_ranks(procs: list[RankProcess], server) -> None:
     """End every rank still running and return once the server reported each exit (a second Ctrl-C: SIGKILL now)."""
     escalation = Escalation(procs)
     escalation.terminate(time.monotonic())
+
+    def tick(now: float) -> None:
+        for p in procs:
+            p.note_exit(server.exits, now)
+        escalation.tick(now)
+
     with server.lock:
-        while any(p.exit is None for p in procs) and escalation.phase != "gave up" and server.alive():
+        while True:
+            loop = Loop()
+            loop.watch(server.fileno(), lambda: server.pump(0))  # pids' exits; False once the server is gone
             try:
-                server.pump(0.05)
+                loop.run(lambda: escalation.over() or not server.alive(), tick=tick)
+                return
             except KeyboardInterrupt:
                 escalation.kill(time.monotonic())
-            now = time.monotonic()
-            for p in procs:
-                p.note_exit(server.exits, now)
-            escalation.tick(now)

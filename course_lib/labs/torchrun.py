@@ -9,13 +9,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..devices import LAB_GPUS, gpu_count
 from ..runtime.ending import end_tree
+from ..runtime.loop import Loop
 from .group import FRESH_STORE_ENV
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -79,21 +79,55 @@ def _lifeline():
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
     # A session of its own, so ending it never touches the kernel's group; its workers have sessions of their own
     # (torch's SubprocessHandler), which runtime.ending.end_tree finds under it.
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            cwd=REPO, start_new_session=True, preexec_fn=_lifeline())
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                         start_new_session=True, preexec_fn=_lifeline())
+    os.set_blocking(p.stdout.fileno(), False)
+    return p
 
 
-def _finish(p: subprocess.Popen, deadline: float, t0: float) -> Finished:
-    try:
-        out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        return Finished(p.returncode, out, time.monotonic() - t0)
-    except subprocess.TimeoutExpired:
-        end_tree(p.pid)  # SIGTERM (torchrun stops its workers), then SIGKILL to whatever is left below it
+class _Node:
+    """One running torchrun: its process and the output read so far."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.chunks, self.open = proc, [], True
+
+    def read(self) -> bool:
+        """What torchrun wrote since the last read; False once its output is at its end."""
         try:
-            out, _ = p.communicate(timeout=3)
-        except subprocess.TimeoutExpired:
-            out = ""
-        return Finished(None, (out or "") + f"\n[stopped after {deadline - t0:.0f} s]", time.monotonic() - t0)
+            while chunk := os.read(self.proc.stdout.fileno(), 1 << 16):
+                self.chunks.append(chunk)
+            self.open = False  # b"": every writer closed the pipe
+        except BlockingIOError:
+            pass
+        return self.open
+
+    def finished(self, stopped: float | None, t0: float) -> Finished:
+        self.proc.stdout.close()
+        out = b"".join(self.chunks).decode(errors="replace")
+        if stopped is not None:
+            return Finished(None, out + f"\n[stopped after {stopped:.0f} s]", time.monotonic() - t0)
+        return Finished(self.proc.returncode, out, time.monotonic() - t0)
+
+
+def _watch(procs: list[subprocess.Popen], timeout: float, t0: float) -> list[Finished]:
+    """Read every node's output on the runtime's loop until all have exited, or end them at the deadline."""
+    nodes = [_Node(p) for p in procs]
+    loop = Loop()
+    for n in nodes:
+        loop.watch(n.proc.stdout, n.read)
+    over = lambda: all(n.proc.poll() is not None and not n.open for n in nodes)  # noqa: E731
+    try:
+        in_time = loop.run(over, lambda: t0 + timeout)
+    except KeyboardInterrupt:  # the stop button: torchrun and every worker end now, not at the deadline
+        for p in procs:
+            end_tree(p)
+        raise
+    if not in_time:
+        for p in procs:
+            end_tree(p)  # SIGTERM (torchrun stops its workers), then SIGKILL to whatever is left below it
+        for n in nodes:
+            n.read()
+    return [n.finished(None if in_time else timeout, t0) for n in nodes]
 
 
 @dataclass(frozen=True)
@@ -134,23 +168,8 @@ def run_nodes(module: str, args=(), nnodes: int = 1, nproc: int = 2, timeout: fl
     envs = [environment({**({} if g is None else {LAB_GPUS: g}), **(env or {})}) for g in plan.per_node]
     for attempt in range(3):
         port, t0 = free_port(), time.monotonic()
-        deadline = t0 + timeout
         procs = [_start(command(module, args, nproc, nnodes, i, port, max_restarts), envs[i]) for i in range(nnodes)]
-        results: list[Finished | None] = [None] * nnodes
-
-        def wait(i):
-            results[i] = _finish(procs[i], deadline, t0)
-
-        threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(nnodes)]
-        for t in threads:
-            t.start()
-        try:
-            for t in threads:
-                t.join()
-        except KeyboardInterrupt:  # the stop button: torchrun and every worker end now, not at the deadline
-            for p in procs:
-                end_tree(p.pid)
-            raise
+        results = _watch(procs, timeout, t0)
         if attempt < 2 and any("EADDRINUSE" in r.output or "address already in use" in r.output.lower()
                                for r in results if r.returncode):
             continue  # someone took the free port first: a new port, a new try

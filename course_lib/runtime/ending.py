@@ -1,7 +1,8 @@
-"""Ending the processes the course starts: SIGTERM to a process group, SIGKILL later, and what a process left.
+"""Ending the processes the course starts: SIGTERM to each process group, SIGKILL later, one routine for all.
 
-The one way every part of the course stops processes (docs/ARCHITECTURE.md, section 4): run()'s ranks and
-persistent ranks through Escalation, a torchrun node and a grading kernel through end_tree.
+Escalation is the only code in course_lib that signals a process to end it (docs/ARCHITECTURE.md, section 4):
+run()'s ranks and persistent ranks step it from their own event loop; a torchrun node, a grading kernel and the
+rank server are ended by end_tree, which runs the same escalation on runtime.loop over the process and all below.
 """
 
 from __future__ import annotations
@@ -11,15 +12,7 @@ import signal
 import time
 
 from ..protocol import KILL_WAIT_S, TERM_TO_KILL_S
-
-
-def signal_group(pid: int, sig: int) -> None:
-    """``sig`` to the process group ``pid`` leads (what it started there), then to ``pid`` itself."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+from .loop import Loop
 
 
 def descendants(pid: int) -> list[int]:
@@ -57,23 +50,29 @@ def alive(pid: int) -> bool:
 
 
 class Escalation:
-    """Ending processes still running: SIGTERM, SIGKILL TERM_TO_KILL_S later, giving up KILL_WAIT_S after.
+    """Ending processes still running: SIGTERM, SIGKILL ``term_s`` later, giving up KILL_WAIT_S after that.
 
     Each process is an object with ``pid`` and ``exit`` (None while running); ``stopped_by_us`` is set on it, so
-    an exit by our own signal is not taken for a failure.
+    an exit by our own signal is not taken for a failure. The signal goes to the process group the process leads
+    (what it started there) and to the process itself; never to the caller's own group.
     """
 
-    def __init__(self, procs: list):
-        self.procs = procs
+    def __init__(self, procs: list, term_s: float = TERM_TO_KILL_S):
+        self.procs, self.term_s = procs, term_s
         self.phase = "running"  # -> "SIGTERM" -> "SIGKILL" -> "gave up"
         self.since = 0.0
 
     def _send(self, sig: int, phase: str, now: float) -> None:
         self.phase, self.since = phase, now
+        own = os.getpgrp()
         for p in self.procs:
             if p.exit is None:
                 p.stopped_by_us = True
-                signal_group(p.pid, sig)
+                for kill in ((os.killpg, os.kill) if p.pid != own else (os.kill,)):
+                    try:
+                        kill(p.pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
 
     def terminate(self, now: float) -> None:
         self._send(signal.SIGTERM, "SIGTERM", now)
@@ -83,48 +82,54 @@ class Escalation:
 
     def tick(self, now: float) -> None:
         """Move on when the current phase's time is up."""
-        if self.phase == "SIGTERM" and now - self.since >= TERM_TO_KILL_S:
+        if self.phase == "SIGTERM" and now - self.since >= self.term_s:
             self.kill(now)
         elif self.phase == "SIGKILL" and now - self.since >= KILL_WAIT_S:
             self.phase = "gave up"
 
+    def over(self) -> bool:
+        """Every process has exited, or the escalation gave up on those that did not."""
+        return self.phase == "gave up" or all(p.exit is not None for p in self.procs)
 
-def end_tree(pid: int | None, polite: bool = True, grace: float = 3.0) -> list[int]:
-    """End ``pid`` and every process below it, whatever session each is in; returns the pids that survived.
 
-    ``polite``: SIGTERM first and up to ``grace`` seconds to go (torchrun ends its workers on SIGTERM); then
-    SIGKILL to whatever is left, this process's own group never included. A torchrun worker runs in a session of
-    its own (torch's SubprocessHandler), so a signal to torchrun's group alone would miss it.
+class _Pid:
+    """A process known by its pid (or our own Popen of it): exited once it is gone, reaped or a zombie."""
+
+    def __init__(self, pid: int, popen=None):
+        self.pid, self.popen, self.exit, self.stopped_by_us = pid, popen, None, False
+
+    def look(self) -> None:
+        if self.exit is None:
+            if self.popen is not None:  # our child: reap it (a zombie counts as alive where there is no /proc)
+                self.exit = self.popen.poll()
+            elif not alive(self.pid):
+                self.exit = 0
+
+
+def end_tree(pid, polite: bool = True, grace: float = 3.0) -> list[int]:
+    """End ``pid`` (a pid or a Popen) and every process below it, whatever session each is in; returns survivors.
+
+    ``polite``: SIGTERM first and up to ``grace`` seconds to go (torchrun ends its workers on SIGTERM), then
+    SIGKILL to whatever is left, newcomers included. A torchrun worker runs in a session of its own (torch's
+    SubprocessHandler), so a signal to torchrun's group alone would miss it: every process found is signalled.
     """
+    popen = None if pid is None or isinstance(pid, int) else pid  # a subprocess.Popen we started
+    if popen is not None:
+        pid = popen.pid
     if pid is None or pid <= 0:
         return []
-    own = os.getpgrp()
-    seen = [pid, *descendants(pid)]
-    if polite:
-        for p in seen:
-            if _group(p) not in (own, None):
-                signal_group(p, signal.SIGTERM)
-        end = time.monotonic() + grace
-        while time.monotonic() < end and any(alive(p) for p in seen):
-            time.sleep(0.05)
-    seen = list(dict.fromkeys([*seen, *descendants(pid)]))
-    for p in seen:
-        if alive(p):
-            if _group(p) not in (own, None):
-                signal_group(p, signal.SIGKILL)
-            else:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-    end = time.monotonic() + KILL_WAIT_S
-    while time.monotonic() < end and any(alive(p) for p in seen):
-        time.sleep(0.02)
-    return [p for p in seen if alive(p)]
+    procs = [_Pid(pid, popen), *(_Pid(p) for p in descendants(pid))]
+    escalation = Escalation(procs, term_s=grace)
 
+    def tick(now: float) -> None:
+        if escalation.phase == "SIGTERM" and now - escalation.since >= escalation.term_s:
+            # what started below the tree while it was asked to end goes too
+            known = {p.pid for p in procs}
+            procs.extend(_Pid(p) for p in descendants(pid) if p not in known)
+        for p in procs:
+            p.look()
+        escalation.tick(now)
 
-def _group(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
+    (escalation.terminate if polite else escalation.kill)(time.monotonic())
+    Loop().run(escalation.over, tick=tick)
+    return [p.pid for p in procs if p.exit is None]

@@ -1,8 +1,10 @@
 """The one event loop of the runtime: it reads what processes write and keeps time, on the monotonic clock.
 
-run()'s launch (launch._Launch.watch) and persistent ranks (rank_channel.Channel.wait) both wait here: each
-registers its pipes and sockets with what to do when one is readable, says when it is done, and gets a tick to
-move through its phases; docs/ARCHITECTURE.md, section 4, draws the launch's phases on it.
+Every client waits here: run()'s launch (launch._Launch.watch), persistent ranks (rank_channel.Channel.wait), a
+torchrun lab cell (labs/torchrun.py), the grader's workers (grade.py), the rank server's own loop
+(_forkserver.serve) and ending a process tree (ending.end_tree). Each registers its pipes and sockets with what
+to do when one is readable, says when it is done, and gets a tick to move through its phases;
+docs/ARCHITECTURE.md, section 4, draws the launch's phases on it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,18 @@ class Loop:
         """Call ``on_ready()`` whenever ``fileobj`` is readable; it returns False once the file is finished."""
         self._sel.register(fileobj, selectors.EVENT_READ, on_ready)
 
+    def watching(self, fileobj) -> bool:
+        """``fileobj`` is still registered (its callback has not said it is finished)."""
+        try:
+            self._sel.get_key(fileobj)
+            return True
+        except (KeyError, ValueError):
+            return False
+
+    def close(self) -> None:
+        """Let go of the selector (a forked child that will never run this loop)."""
+        self._sel.close()
+
     def run(self, done: Callable[[], bool], deadline: Callable[[], float | None] | None = None,
             tick: Callable[[float], None] | None = None) -> bool:
         """Serve readable files and ``tick(now)`` until ``done()``; False if ``deadline()`` passed first."""
@@ -40,3 +54,10 @@ class Loop:
             return True
         finally:
             self._sel.close()
+
+
+def readable(fileobj, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: for ever) until ``fileobj`` can be read: one turn of a loop."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fileobj, selectors.EVENT_READ)
+        return bool(sel.select(timeout=timeout))
