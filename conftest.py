@@ -1,8 +1,8 @@
 """The notebooks run under the NCCL-rules mode in the test suite, so laptop code that would fail on GPUs fails here.
 
 nbval starts each notebook's kernel with this process's environment; COURSE_NCCL_RULES=1 there puts every launch
-of the notebook that did not choose backend="gloo" under the rules (course_lib/nccl_rules.py). The unit tests run
-without it: they choose the mode per launch.
+of the notebook that did not choose backend="gloo" under the rules (course_lib/runtime/nccl_rules.py).
+The unit tests run without it: they choose the mode per launch.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import sys
 PASSTHROUGH = {
     ("bench", "collectives"): ("course_lib.bench.collectives", "nccl-tests-style sweep of collectives (algbw, busbw)"),
     ("bench", "interactive"): ("course_lib.bench.interactive", "persistent ranks: group start and cell round trip"),
-    ("student",): ("course_lib.student", "build student copies of the notebooks (solutions removed)"),
-    ("grade",): ("course_lib.grade", "grade submitted notebooks with the exercise checkers (CSV + summary)"),
-    ("site",): ("course_lib.site", "the course as a static website in _site/ (Sphinx + myst-nb, nothing executed)"),
+    ("student",): ("course_lib.classroom.student", "build student copies of the notebooks (solutions removed)"),
+    ("grade",): ("course_lib.classroom.grade", "grade submitted notebooks with the exercise checkers (CSV + summary)"),
+    ("site",): ("course_lib.classroom.site", "the course as a static website in _site/ (Sphinx + myst-nb)"),
 }
 
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
 
     args = parser.parse_args(argv)
     if args.cmd == "doctor":
-        from .doctor import report
+        from .classroom.doctor import report
 
         return 0 if report(args.ranks, args.backend) else 1
     if args.cmd == "bench" and args.what == "launch":

@@ -73,7 +73,7 @@ def pids_in(folder: Path, n: int, wait: float = 30.0) -> list[int]:
 @pytest.fixture
 def spawned(monkeypatch):
     """The pids the rank server forked during the test (the OS then tells whether they are gone)."""
-    from course_lib._forkserver import ForkServer
+    from course_lib.runtime.forkserver import ForkServer
 
     pids, spawn = [], ForkServer.spawn
 
@@ -88,7 +88,7 @@ def spawned(monkeypatch):
 @pytest.fixture
 def warm_server():
     """The rank server already running, so a test's wall-clock bound measures the launch, not torch's import."""
-    from course_lib._forkserver import get_server
+    from course_lib.runtime.forkserver import get_server
 
     return get_server()
 
@@ -113,7 +113,7 @@ def solution_lines() -> set:
     if not _SOLUTION_LINES:
         import json
 
-        from course_lib.student import BEGIN, END
+        from course_lib.classroom.student import BEGIN, END
 
         lines = set()
         for path in sorted((ROOT / "notebooks").glob("*.ipynb")):

@@ -13,8 +13,9 @@ Use the fixture (import it into a test module, or into conftest.py)::
 
 While installed, torch.cuda.is_available/device_count/set_device/current_device/is_initialized/get_device_name/
 get_device_capability/is_bf16_supported, torch.backends.cuda.is_built, torch.distributed.is_nccl_available and
-course_lib.devices.gpu_count answer as that machine would; CUDA_VISIBLE_DEVICES is honoured as CUDA honours it (the
-listed GPUs, in that order, up to the first entry that names no GPU). Nothing starts a process or touches CUDA.
+course_lib.runtime.devices.gpu_count answer as that machine would; CUDA_VISIBLE_DEVICES is honoured as CUDA
+honours it (the listed GPUs, in that order, up to the first entry that names no GPU). Nothing starts a process
+or touches CUDA.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import course_lib.devices
-from course_lib.devices import LAB_GPUS
+import course_lib.runtime.devices
+from course_lib.runtime.devices import LAB_GPUS
 
 
 @dataclass
@@ -84,7 +85,7 @@ class Machine:
         monkeypatch.setattr(cuda, "get_device_capability", lambda d=None: self.capability)
         monkeypatch.setattr(cuda, "is_bf16_supported", lambda *a, **k: self.bf16)
         monkeypatch.setattr(dist, "is_nccl_available", lambda: self.nccl)
-        monkeypatch.setattr(course_lib.devices, "gpu_count", self.device_count)
+        monkeypatch.setattr(course_lib.runtime.devices, "gpu_count", self.device_count)
         return self
 
 
@@ -118,13 +119,13 @@ def _restore(saved: dict) -> None:
 def launcher_placement(machine: Machine, world_size: int, backend: str = "auto") -> list[Placement]:
     """Ranks started by course_lib.run: the kernel's plan, then each rank's device() with the launcher's
     COURSE_DEVICE in its environment."""
-    the_plan = course_lib.devices.plan(backend, world_size)
+    the_plan = course_lib.runtime.devices.plan(backend, world_size)
     out = []
     for rank, name in enumerate(the_plan.devices):
         saved = os.environ.get("COURSE_DEVICE")
         os.environ["COURSE_DEVICE"] = name
         try:
-            dev = course_lib.devices.device()
+            dev = course_lib.runtime.devices.device()
         finally:
             _restore({"COURSE_DEVICE": saved})
         gpu = machine.physical(dev.index or 0) if dev.type == "cuda" else None

@@ -11,7 +11,7 @@ import torch
 from course_lib.checks import ExerciseFailed
 from course_lib.checks.basics import check_all_max, check_all_mean
 from course_lib.checks.primitives import check_all_gather, check_broadcast, check_ring_exchange
-from course_lib.student import BEGIN, END
+from course_lib.classroom.student import BEGIN, END
 
 ROOT = Path(__file__).resolve().parents[1]
 # Lines too short or too common to give anything away ("return t", "else:").
@@ -20,7 +20,7 @@ SHORT = 16
 
 def _solution_lines() -> dict[str, set[str]]:
     """Per exercise id ("4.1"), the stripped lines of its worked solution."""
-    from course_lib.student import exercise_ids
+    from course_lib.classroom.student import exercise_ids
 
     out: dict[str, set[str]] = {}
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):

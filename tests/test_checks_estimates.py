@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from course_lib import costmodel
-from course_lib import hardware as hw
 from course_lib.checks import estimates, multi_node
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.sharding import check_per_rank_bytes
 from course_lib.checks.training import check_ring_bytes, check_servers_to_match_ring
+from course_lib.costs import alpha_beta
+from course_lib.costs import hardware as hw
 
 
 def test_largest_model_mfu_and_seconds():
@@ -29,7 +29,8 @@ def test_largest_model_mfu_and_seconds():
             estimates.check_largest_model_on_a_server(wrong)
         assert f"{largest():.4g}" not in str(e.value) and "Hint" in str(e.value)
     with pytest.raises(ExerciseFailed, match=r"starting ranks or processes"):   # no answer from ranks of one's own
-        estimates.check_largest_model_on_a_server(lambda: __import__("course_lib.launch").launch.run(print, 2))
+        estimates.check_largest_model_on_a_server(
+            lambda: __import__("course_lib.runtime.launch").runtime.launch.run(print, 2))
 
     b = hw.row("training_runs", "BLOOM-176B")
     flops = hw.training_flops(b["params"], b["tokens"])
@@ -92,7 +93,7 @@ def test_gpus_at_a_fixed_global_batch():
 def test_servers_and_bandwidths():
     def fewest():
         k = 1
-        while costmodel.ps_vs_allreduce(16, 1, 1, k)["ps_s"] > costmodel.ps_vs_allreduce(16, 1, 1, k)["allreduce_s"]:
+        while alpha_beta.ps_vs_allreduce(16, 1, 1, k)["ps_s"] > alpha_beta.ps_vs_allreduce(16, 1, 1, k)["allreduce_s"]:
             k += 1
         return k
 
@@ -126,18 +127,19 @@ def test_cpu_machines_for_byteps():
     with pytest.raises(ExerciseFailed, match=r"n=2 GPU machines, at most 1 x the ring's time: you said 2"):
         check_servers_to_match_ring(lambda n, ratio: max(1, math.ceil(n * n / (2 * (n - 1)) * ratio - 1e-9)))
     with pytest.raises(ExerciseFailed, match=r"Exercise 10\.2 is about solving BytePS's formula for k; the course's "
-                                             r"own costmodel\.byteps_optimal \(it holds the answer\) is switched"):
-        check_servers_to_match_ring(lambda n, r: next((k for k in range(n + 1) if costmodel.byteps_optimal(n, 1, 1, k)
+                                             r"own costs\.alpha_beta\.byteps_optimal \(it holds the answer\)"):
+        check_servers_to_match_ring(lambda n, r: next((k for k in range(n + 1) if alpha_beta.byteps_optimal(n, 1, 1, k)
                                                        <= r * 2 * (n - 1) / n), None))
 
 
 def test_ring_bytes_refuses_the_library_and_running_it():
-    with pytest.raises(ExerciseFailed, match=r"costmodel\.allreduce_traffic \(it holds the answer\) is switched off"):
-        check_ring_bytes(lambda n, m: costmodel.allreduce_traffic("ring", n, m)["busiest"])
-    with pytest.raises(ExerciseFailed, match=r"costmodel\.ring_reduce_scatter \(it holds the answer\)"):
-        check_ring_bytes(lambda n, m: costmodel.ring_reduce_scatter(n, m, 0, 1) + costmodel.ring_all_gather(n, m, 0, 1))
-    with pytest.raises(ExerciseFailed, match=r"costmodel\.rabenseifner_allreduce \(it holds the answer\)"):
-        check_ring_bytes(lambda n, m: costmodel.rabenseifner_allreduce(n, m, 0, 1))
+    with pytest.raises(ExerciseFailed, match=r"alpha_beta\.allreduce_traffic \(it holds the answer\) is switched off"):
+        check_ring_bytes(lambda n, m: alpha_beta.allreduce_traffic("ring", n, m)["busiest"])
+    with pytest.raises(ExerciseFailed, match=r"alpha_beta\.ring_reduce_scatter \(it holds the answer\)"):
+        check_ring_bytes(lambda n, m: alpha_beta.ring_reduce_scatter(n, m, 0, 1)
+                         + alpha_beta.ring_all_gather(n, m, 0, 1))
+    with pytest.raises(ExerciseFailed, match=r"alpha_beta\.rabenseifner_allreduce \(it holds the answer\)"):
+        check_ring_bytes(lambda n, m: alpha_beta.rabenseifner_allreduce(n, m, 0, 1))
     with pytest.raises(ExerciseFailed, match=r"comm_log\.Call\.ring_bytes\.fget \(it holds the answer\)"):
         check_ring_bytes(lambda n, m: __import__("course_lib.measure.comm_log", fromlist=["Call"])
                          .Call("all_reduce", m, n).ring_bytes)
@@ -173,13 +175,13 @@ def _fit_with_fit_line(rows):
     """The line t = a + b S in other units: a = 2(p-1) alpha, b = 2(p-1)/p beta."""
     ring = _ring_rows(rows)
     p = ring[0]["ranks"]
-    a, b = costmodel.fit_line([r["size_bytes"] for r in ring], [r["time_us"] * 1e-6 for r in ring])
+    a, b = alpha_beta.fit_line([r["size_bytes"] for r in ring], [r["time_us"] * 1e-6 for r in ring])
     return a / (2 * (p - 1)), b * p / (2 * (p - 1))
 
 
 def _fit_in_microseconds(rows):
     ring = _ring_rows(rows)
-    a, b = costmodel.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] for r in ring],
+    a, b = alpha_beta.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] for r in ring],
                                     p=ring[0]["ranks"], algorithm="ring")
     return a / 1e6, b / 1e6
 

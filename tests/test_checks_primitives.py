@@ -324,7 +324,7 @@ def test_reduce_scatter_prediction_cannot_start_ranks_any_way():
     inputs = [[1, 2, 3, 4], [10, 20, 30, 40], [5, 6, 7, 8]]
 
     def by_persistent_ranks():  # a group of one's own, with the real collective
-        from course_lib.persistent_ranks import Ranks
+        from course_lib.runtime.persistent_ranks import Ranks
 
         ranks = Ranks(3).start()
         try:
@@ -354,14 +354,14 @@ def test_reduce_scatter_prediction_cannot_start_ranks_any_way():
 
 
 def ring_launches_its_own_ranks(t):  # on a rank: a group of its own would run collectives the check switched off
-    from course_lib.launch import run
+    from course_lib.runtime.launch import run
 
     run(lambda: None, 2)
     return t
 
 
 def test_ranks_cannot_start_ranks_of_their_own():
-    with pytest.raises(ExerciseFailed, match=r"starting ranks or processes \(course_lib\.launch\.run\)"):
+    with pytest.raises(ExerciseFailed, match=r"starting ranks or processes \(course_lib\.runtime\.launch\.run\)"):
         check_ring_exchange(ring_launches_its_own_ranks, worlds=(2,))
 
 

@@ -168,7 +168,7 @@ def test_ring_bytes_prediction():
 
 
 def _on_a_persistent_group(rank, p, n):
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime.persistent_ranks import Ranks
 
     group = Ranks(p)
     group.start()

@@ -182,7 +182,7 @@ def step_never_reset():         # a wrong result from the second step on
 
 def test_cell_by_cell_checks_run_on_the_live_ranks(capsys):
     from course_lib.checks.cell_by_cell import check_accumulate, check_newest, check_sync
-    from course_lib.interactive import Ranks
+    from course_lib.runtime.interactive import Ranks
 
     with Ranks(4, timeout=10) as ranks:
         ranks.run_cell(CELL_BY_CELL, show=False)

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from course_lib import doctor
+from course_lib.classroom import doctor
 from tests.conftest import ROOT
 
 

@@ -1,5 +1,5 @@
 """The course's send/recv collectives equal torch's own ops (world sizes 1-6, uneven sizes, several dtypes and ops),
-their byte counts equal the formulas of course_lib.costmodel exactly, and their traces show the taught steps."""
+their byte counts equal the formulas of course_lib.costs.alpha_beta exactly, and their traces show the taught steps."""
 
 import pytest
 import torch
@@ -93,7 +93,7 @@ def _traffic(n, dtype):
 @pytest.mark.parametrize("world,n", [(2, 12), (3, 12), (4, 12), (4, 10), (5, 7), (6, 12)])
 def test_bytes_sent_equal_the_formulas(world, n):
     from course_lib.collectives import chunk_bounds
-    from course_lib.costmodel import allreduce_traffic, lg
+    from course_lib.costs.alpha_beta import allreduce_traffic, lg
 
     es = 4
     nbytes = n * es

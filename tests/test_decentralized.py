@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from course_lib import run
 from course_lib.bench import decentralized as bench
+from course_lib.costs.decentralized import SCHEMES, Scheme, sent_per_step, step_seconds
 from course_lib.training import gossip, local_sgd, make_mlp, train_single
 from course_lib.training.compression import (
     compressed_train,
@@ -19,7 +20,6 @@ from course_lib.training.compression import (
     simulate_powersgd,
     topk_sent_bytes,
 )
-from course_lib.training.decentralized_cost import SCHEMES, Scheme, sent_per_step, step_seconds
 from course_lib.training.model import flat_params
 from course_lib.training.tolerance import max_diff
 

@@ -89,18 +89,18 @@ def test_backend_name_is_case_insensitive():
     ],
 )
 def test_run_refuses_before_any_process_starts(monkeypatch, kwargs):
-    monkeypatch.setattr(course_lib.devices, "gpu_count", lambda: 0)
+    monkeypatch.setattr(course_lib.runtime.devices, "gpu_count", lambda: 0)
 
     def no_server():
         raise AssertionError("a process was about to start")
 
-    monkeypatch.setattr(course_lib.launch, "get_server", no_server)
+    monkeypatch.setattr(course_lib.runtime.launch, "get_server", no_server)
     with pytest.raises(LaunchError):
         course_lib.run(lambda: None, **{"world_size": 2, **kwargs})
 
 
 def test_run_refuses_a_non_function(monkeypatch):
-    monkeypatch.setattr(course_lib.launch, "get_server", lambda: pytest.fail("a process was about to start"))
+    monkeypatch.setattr(course_lib.runtime.launch, "get_server", lambda: pytest.fail("a process was about to start"))
     with pytest.raises(LaunchError, match="needs a function"):
         course_lib.run("print('hi')", 2)
 
@@ -108,14 +108,14 @@ def test_run_refuses_a_non_function(monkeypatch):
 def test_run_refuses_arguments_that_cannot_reach_the_ranks(monkeypatch):
     import threading
 
-    monkeypatch.setattr(course_lib.launch, "get_server", lambda: pytest.fail("a process was about to start"))
+    monkeypatch.setattr(course_lib.runtime.launch, "get_server", lambda: pytest.fail("a process was about to start"))
     with pytest.raises(LaunchError, match="Could not send"):
         course_lib.run(lambda lock: None, 2, args=(threading.Lock(),))
 
 
 def test_plan_keeps_the_gpu_rule_of_lab_gpus(monkeypatch):
     # the rule torchrun workers follow (devices.node_gpus) holds for run() as well: a node's GPUs are LAB_GPUS
-    from course_lib import devices
+    from course_lib.runtime import devices
 
     monkeypatch.setattr(devices, "gpu_count", lambda: 4)
     monkeypatch.setenv("LAB_GPUS", "2,3")

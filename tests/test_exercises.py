@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grade import exercises
-from course_lib.student import BEGIN, exercise_ids, student_notebook
+from course_lib.classroom.grade import exercises
+from course_lib.classroom.student import BEGIN, exercise_ids, student_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import export
+from course_lib.classroom import export
 from course_lib.training import train_single
 from course_lib.training.tolerance import max_diff, sgd_atol
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course_lib import device, plan, run
-from course_lib.devices import gpu_count
+from course_lib.runtime.devices import gpu_count
 
 GPUS = gpu_count()
 pytestmark = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU (this machine has none)")
@@ -45,7 +45,7 @@ def test_launching_still_works_after_cuda_is_initialised_in_the_kernel():
 
 
 def test_interactive_ranks_on_gpus_after_cuda_is_initialised_in_the_kernel():
-    from course_lib.interactive import Ranks
+    from course_lib.runtime.interactive import Ranks
 
     torch.zeros(1, device="cuda")  # as a learner's cell would, before %ranks start
     with Ranks(N, backend="nccl", timeout=60) as group:
@@ -263,7 +263,7 @@ def _gossip_and_rings_on_gpus(batched):
 
 @pytest.mark.skipif(GPUS < 3, reason="a ring that can form a cycle needs three GPUs")
 def test_the_gossip_ring_and_the_course_ring_run_on_nccl_and_the_unbatched_ring_hangs():
-    from course_lib.results import RankFailed
+    from course_lib.runtime.results import RankFailed
 
     p = min(GPUS, 4)
     vals = run(_gossip_and_rings_on_gpus, p, args=(True,), backend="nccl", timeout=120, output="none").values

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from course_lib.devices import plan
 from course_lib.labs import torchrun as tr
+from course_lib.runtime.devices import plan
 from tests.gpu_plan import (  # noqa: F401  (simulated_gpus_fixture registers the fixture "simulated_gpus")
     assert_no_gpu_shared,
     launcher_placement,

@@ -10,8 +10,8 @@ import time
 import nbformat
 import pytest
 
-from course_lib.grade import exercises, grade_all, main
-from course_lib.student import student_notebook
+from course_lib.classroom.grade import exercises, grade_all, main
+from course_lib.classroom.student import student_notebook
 
 SETUP = "import os, time, torch, torch.distributed as dist\nfrom course_lib.checks import check_collective"
 HELPERS = '''

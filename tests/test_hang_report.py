@@ -97,8 +97,8 @@ def test_a_rank_killed_by_a_signal_after_another_raised_reports_the_raise():
 
 
 def test_an_endless_loop_in_every_rank_of_a_ranks_cell_ends_at_its_deadline_with_a_report():
-    from course_lib.cell_result import CellTimeout
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime.cell_result import CellTimeout
+    from course_lib.runtime.persistent_ranks import Ranks
 
     group = Ranks(2, timeout=10, cell_timeout=3).start()
     try:
@@ -118,8 +118,8 @@ def test_an_endless_loop_in_every_rank_of_a_ranks_cell_ends_at_its_deadline_with
 
 
 def test_a_ranks_cell_blocked_in_a_collective_past_its_deadline_restarts_the_group_and_says_where():
-    from course_lib.cell_result import CellTimeout
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime.cell_result import CellTimeout
+    from course_lib.runtime.persistent_ranks import Ranks
 
     group = Ranks(2, timeout=30, cell_timeout=2).start()
     try:
@@ -134,8 +134,8 @@ def test_a_ranks_cell_blocked_in_a_collective_past_its_deadline_restarts_the_gro
 
 
 def test_the_ranks_magic_takes_a_cells_timeout():
-    from course_lib.cell_result import CellTimeout
-    from course_lib.ranks_magic import ranks_magic
+    from course_lib.runtime.cell_result import CellTimeout
+    from course_lib.runtime.ranks_magic import ranks_magic
 
     ranks_magic("start 2 --timeout 10")
     try:
@@ -150,8 +150,8 @@ def test_the_ranks_magic_takes_a_cells_timeout():
 def test_nccl_ranks_get_a_flight_recorder_whose_dump_the_report_reads(tmp_path):
     import pickle
 
-    from course_lib.devices import Plan
-    from course_lib.rank_process import payload
+    from course_lib.runtime.devices import Plan
+    from course_lib.runtime.rank_process import payload
     from course_lib.runtime.stacks import flight_records
 
     nccl = Plan("nccl", ("cuda:0", "cuda:1"), "simulated")
@@ -174,8 +174,8 @@ def test_the_init_retry_rule():
     # that failed; never once the function started anywhere or a failure is the learner's
     from types import SimpleNamespace
 
-    from course_lib.launch import _Launch
-    from course_lib.rank_failure import RankFailure
+    from course_lib.runtime.launch import _Launch
+    from course_lib.runtime.rank_failure import RankFailure
 
     def launch(failures, started=()):
         one = _Launch(None, None, 5.0, "none")

@@ -1,11 +1,11 @@
-"""course_lib.hardware against hand-computed cases, and the data/ tables it reads."""
+"""course_lib.costs.hardware against hand-computed cases, and the data/ tables it reads."""
 
 import math
 
 import pytest
 
-from course_lib import costmodel
-from course_lib import hardware as hw
+from course_lib.costs import alpha_beta
+from course_lib.costs import hardware as hw
 
 
 # ----------------------------------------------------------------------------- tables
@@ -134,7 +134,7 @@ def test_llama_65b_wall_clock_is_about_21_days():
 def test_speed_formula_uses_the_ring_cost():
     p, t, n, a, b = 8, 0.1, 1e8, 1e-5, 1e-9
     r = hw.data_parallel_speed(p, t, n, a, b, samples_per_step=32)
-    comm = costmodel.ring_allreduce(p, n, a, b)
+    comm = alpha_beta.ring_allreduce(p, n, a, b)
     assert r["comm_s"] == comm
     assert r["speedup_ratio"] == pytest.approx(t / (t + comm))
     assert r["speed"] == pytest.approx(32 / t * p * t / (t + comm))
@@ -150,7 +150,7 @@ def test_speedup_ratio_falls_as_devices_grow():
 
 def test_weak_and_strong_scaling_by_hand():
     c, n, a, b = 0.01, 1e9, 1e-5, 1 / 25e9      # 10 ms per sequence, 1 GB of gradients
-    comm = costmodel.ring_allreduce(64, n, a, b)
+    comm = alpha_beta.ring_allreduce(64, n, a, b)
     weak = hw.scaling(64, c, n, a, b, seqs_per_gpu=8)
     assert weak["speedup"] == pytest.approx(64 * 8 * c / (8 * c + comm))
     strong = hw.scaling(64, c, n, a, b, global_batch=2048)

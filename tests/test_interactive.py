@@ -1,4 +1,4 @@
-"""Persistent interactive ranks (course_lib.interactive): state between cells, output order, failures, restarts,
+"""Persistent interactive ranks (course_lib.runtime.interactive): state between cells, output order, failures, restarts,
 interrupts and shutdown leaving no process behind."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from course_lib import ranks_magic as magic
-from course_lib.interactive import CellFailed, Ranks
-from course_lib.protocol import CELL_SLACK_S
+from course_lib.runtime import ranks_magic as magic
+from course_lib.runtime.interactive import CellFailed, Ranks
+from course_lib.runtime.protocol import CELL_SLACK_S
 from tests.conftest import ROOT, wait_gone
 
 
@@ -166,8 +166,8 @@ def test_magic_commands(capsys):
 
 KERNEL = textwrap.dedent("""
     import sys
-    from course_lib._forkserver import get_server
-    from course_lib.interactive import Ranks
+    from course_lib.runtime.forkserver import get_server
+    from course_lib.runtime.interactive import Ranks
     group = Ranks(2, timeout=60).start()
     print("PIDS", *group.pids, get_server().proc.pid, flush=True)
     group.run_cell("x = 41 + rank", show=False)

@@ -235,7 +235,7 @@ def test_the_env_store_outlives_rank_0s_function():
 
 
 def _no_server(monkeypatch):
-    monkeypatch.setattr(course_lib.launch, "get_server", lambda *a: pytest.fail("a process was about to start"))
+    monkeypatch.setattr(course_lib.runtime.launch, "get_server", lambda *a: pytest.fail("a process was about to start"))
 
 
 def test_the_tutorials_rank_and_size_arguments_are_refused_in_one_sentence(monkeypatch):
@@ -252,7 +252,7 @@ def test_the_tutorials_rank_and_size_arguments_are_refused_in_one_sentence(monke
 
 
 def test_a_world_size_beyond_the_machine_is_refused_with_the_figures(monkeypatch):
-    from course_lib import machine_limits
+    from course_lib.runtime import machine_limits
 
     _no_server(monkeypatch)
     monkeypatch.setattr(machine_limits, "available_memory", lambda: 8 * 2**30)
@@ -264,14 +264,14 @@ def test_a_world_size_beyond_the_machine_is_refused_with_the_figures(monkeypatch
     assert "125.0 GiB of memory" in text and "8.0 GiB is available" in text  # 1000 x 128 MiB
     assert "3064 open files in this kernel" in text and "may open 1024" in text  # 64 + 3 per rank
     assert "Use at most 64 ranks" in text and "oversubscribe=True" in text  # 8 GiB / 128 MiB
-    from course_lib.interactive import Ranks
+    from course_lib.runtime.interactive import Ranks
 
     with pytest.raises(LaunchError, match="more than this machine can hold"):
         Ranks(1000)
 
 
 def test_oversubscribe_starts_what_the_check_would_refuse(monkeypatch):
-    from course_lib import machine_limits
+    from course_lib.runtime import machine_limits
 
     monkeypatch.setattr(machine_limits, "available_memory", lambda: 2 * machine_limits.RANK_MEMORY_BYTES)
     with pytest.raises(LaunchError, match="Use at most 2 ranks"):
@@ -281,8 +281,8 @@ def test_oversubscribe_starts_what_the_check_would_refuse(monkeypatch):
 
 def test_native_windows_is_refused_with_wsl2(monkeypatch):
     _no_server(monkeypatch)
-    monkeypatch.setattr(course_lib.machine_limits.sys, "platform", "win32")
-    for start in (lambda: run(ALLREDUCE, 2), lambda: course_lib.interactive.Ranks(2)):
+    monkeypatch.setattr(course_lib.runtime.machine_limits.sys, "platform", "win32")
+    for start in (lambda: run(ALLREDUCE, 2), lambda: course_lib.runtime.interactive.Ranks(2)):
         with pytest.raises(LaunchError, match="Linux or macOS, or on Windows inside WSL2"):
             start()
 
@@ -343,9 +343,9 @@ def test_the_kernels_cuda_state_never_reaches_a_rank(simulated_gpus, cuda_initia
 
 
 def test_the_rank_server_preloads_dynamo_only_for_kernels_that_will_use_it():
-    from course_lib.rank_process import rank_preloads
+    from course_lib.runtime.rank_process import rank_preloads
 
-    code = "from course_lib.rank_process import rank_preloads; print(rank_preloads())"
+    code = "from course_lib.runtime.rank_process import rank_preloads; print(rank_preloads())"
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert plain.stdout.strip() == "()", plain.stderr  # a kernel that uses none of them starts its server fast
     optim = subprocess.run([sys.executable, "-c", "import torch; torch.optim.SGD([torch.zeros(1, requires_grad=True)]"

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from course_lib import hardware, run
+from course_lib import run
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.expert_parallel import check_mesh_groups
+from course_lib.costs import hardware
 from course_lib.training.mesh import coordinate, mesh_groups, mesh_train, place_on_nodes
 from course_lib.training.model import train_single
 from course_lib.training.tolerance import max_diff, sgd_atol

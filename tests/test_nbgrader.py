@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import nbgrader_marks
-from course_lib.grade import exercises
-from course_lib.student import BEGIN
+from course_lib.classroom import nbgrader_marks
+from course_lib.classroom.grade import exercises
+from course_lib.classroom.student import BEGIN
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = "01_why_distributed"
@@ -29,7 +29,7 @@ def test_every_exercise_carries_nbgrader_marks_matching_the_course_grader():
     ids = []
     for path in _notebooks():
         nb = json.loads(path.read_text(encoding="utf-8"))
-        assert nbgrader_marks.stale(nb) == [], f"{path.name}: run python -m course_lib.nbgrader_marks {path}"
+        assert nbgrader_marks.stale(nb) == [], f"{path.name}: run python -m course_lib.classroom.nbgrader_marks {path}"
         cells = nb["cells"]
         checks = {ex.check_index for ex in exercises(nb)}
         for i, cell in enumerate(cells):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from course_lib import run
-from course_lib.results import RankFailed
+from course_lib.runtime.results import RankFailed
 
 from .conftest import notebook_function
 
@@ -249,8 +249,8 @@ def f(backend):
 
 
 def test_persistent_ranks_take_the_rules_too():
-    from course_lib.cell_result import CellFailed
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime.cell_result import CellFailed
+    from course_lib.runtime.persistent_ranks import Ranks
 
     group = Ranks(2, nccl_rules=True, timeout=20).start()
     try:
@@ -299,8 +299,8 @@ def test_the_courses_own_point_to_point_algorithms_keep_the_rules():
 
 
 def test_a_cycle_stopped_in_persistent_ranks_marks_the_group_broken():
-    from course_lib.cell_result import CellFailed
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime.cell_result import CellFailed
+    from course_lib.runtime.persistent_ranks import Ranks
 
     group = Ranks(2, nccl_rules=True, timeout=20).start()
     try:

@@ -5,7 +5,8 @@ link model's ring time. One launch per mode, 2 ranks, a small model."""
 import torch
 from torch import nn
 
-from course_lib import costmodel, run
+from course_lib import run
+from course_lib.costs import alpha_beta
 from course_lib.measure.netem import Link
 from course_lib.training.data import combined_batch, load_digits
 from course_lib.training.model import flat_params
@@ -47,7 +48,7 @@ def test_overlap_and_after_backward_train_the_same_weights_within_the_link_model
             assert len(comm) == KW["depth"] * KW["steps"]
             by_name = dict(zip([f"bucket {i}" for i in range(KW["depth"])], v["bucket_bytes"]))
             for _, name, s, e in comm:                            # sleeps make the link model a floor
-                assert e - s >= costmodel.ring_allreduce(2, by_name[name], LINK.alpha, LINK.beta) - 1e-4
+                assert e - s >= alpha_beta.ring_allreduce(2, by_name[name], LINK.alpha, LINK.beta) - 1e-4
     for v in out[True]:
         backward = [(s, e) for lane, name, s, e in v["timeline"] if name == "backward"]
         for step, _, t in v["launched"]:                          # every bucket leaves from inside backward

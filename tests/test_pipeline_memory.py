@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from course_lib import hardware
+from course_lib.costs import hardware
+from course_lib.costs import parallel_plan as pp
 from course_lib.measure.activations import (
     ActivationMeter,
     TransformerLayer,
@@ -15,7 +16,6 @@ from course_lib.measure.activations import (
     transformer_formula,
 )
 from course_lib.training import make_mlp
-from course_lib.training import parallel_plan as pp
 from course_lib.training.pipeline import make_deep_mlp
 
 
@@ -149,7 +149,7 @@ def test_calculator_on_bloom():
 
 
 def test_plan_fits_against_the_cards_real_capacity_not_memory_gb_times_1e9():
-    from course_lib import hardware
+    from course_lib.costs import hardware
 
     gpu = hardware.row("accelerators", "H100 SXM 80GB")
     cl = pp.Cluster(gpu, hardware.row("links", "NVLink 4 (H100)"), hardware.row("links", "Ethernet 400 GbE"))

@@ -6,9 +6,9 @@ import math
 import matplotlib
 import pytest
 
-from course_lib import costmodel as cm
+from course_lib.costs import alpha_beta as cm
+from course_lib.costs import projection
 from course_lib.measure import netem
-from course_lib.training import projection
 
 matplotlib.use("Agg")
 

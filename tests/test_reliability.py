@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from course_lib import RankFailed, RankTimeout, run
-from course_lib.protocol import KILL_WAIT_S, STOP_GRACE_S, TERM_TO_KILL_S, WATCH_SLACK_S
-from course_lib.rank_failure import RankFailure, names
+from course_lib.runtime.protocol import KILL_WAIT_S, STOP_GRACE_S, TERM_TO_KILL_S, WATCH_SLACK_S
+from course_lib.runtime.rank_failure import RankFailure, names
 from tests.conftest import ROOT, assert_all_gone, notebook_function, pids_in
 
 # The longest a launch may take to end once its ranks run: the deadline, the grace, then SIGTERM and SIGKILL.
@@ -68,7 +68,7 @@ def test_the_launchers_own_frames_are_hidden():
     with pytest.raises(RankFailed) as err:
         run(f, 2, output="none")
     frames = traceback.extract_tb(err.value.__traceback__)
-    launcher = [fr.name for fr in frames if fr.filename.endswith(os.path.join("course_lib", "launch.py"))]
+    launcher = [fr.name for fr in frames if fr.filename.endswith(os.path.join("runtime", "launch.py"))]
     assert launcher == ["run"]  # the call the learner wrote, nothing below it
     shown = err.value._render_traceback_()  # what IPython prints instead of a kernel-side traceback
     assert shown[0] == "RankFailed: rank 0 raised KeyError: 'mine'" or shown[0].startswith("RankFailed: rank 1")
@@ -246,7 +246,7 @@ KERNEL = """
 import os, signal, sys, time
 sys.path.insert(0, {root!r})
 import course_lib
-from course_lib import _forkserver
+from course_lib.runtime import forkserver as _forkserver
 {pids}
 def work(folder, in_collective):
     record_pid(folder)

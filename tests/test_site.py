@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("myst_nb", reason="the site needs the test extra: pip install -e '.[test]'")
 
-from course_lib import site  # noqa: E402
+from course_lib.classroom import site  # noqa: E402
 
 # myst-parser reads an attribute Sphinx 9 deprecates for Sphinx 11: the build's own warnings are what this file checks
 pytestmark = pytest.mark.filterwarnings("ignore:.*MystReferenceResolver.app.*")

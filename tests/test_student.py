@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grade import execute
-from course_lib.student import BEGIN, COURSE_NOTEBOOKS, END, cells_needed, main, strip_solutions
+from course_lib.classroom.grade import execute
+from course_lib.classroom.student import BEGIN, COURSE_NOTEBOOKS, END, cells_needed, main, strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -50,7 +50,7 @@ def test_strip_keeps_indentation_and_surrounding_code():
 
 def test_the_manifest_names_every_notebook_of_the_course():
     missing = [p.name for p in NOTEBOOKS if p.name not in COURSE_NOTEBOOKS]
-    assert not missing, f"add {missing} to COURSE_NOTEBOOKS in course_lib/student.py (the student build's manifest)"
+    assert not missing, f"add {missing} to COURSE_NOTEBOOKS in course_lib/classroom/student.py (the manifest)"
     gone = [n for n in COURSE_NOTEBOOKS if not (ROOT / "notebooks" / n).exists()]
     assert not gone, f"the manifest names notebooks that are gone: {gone}"
 
@@ -105,7 +105,7 @@ def test_no_output_no_widget_state_no_solution_line(worked, student_dir):
 
 @pytest.mark.parametrize("worked", WORKED, ids=lambda p: p.stem)
 def test_student_copy_fails_only_at_exercises_with_not_implemented(worked, student_dir):
-    """Run the cells a student copy can change (course_lib.student.cells_needed: the exercises, what uses a
+    """Run the cells a student copy can change (course_lib.classroom.student.cells_needed: the exercises, what uses a
     solution, what they read, the magics that hold the ranks' state), up to the last check cell. The demos left
     out run exactly as in the worked notebook, which the notebook tests run in full."""
     nb = nbformat.read(student_dir / worked.name, as_version=4)
@@ -149,7 +149,7 @@ def test_the_copies_go_where_jupyterlab_opens_and_nbval_leaves_them_out():
 
 
 def test_worked_notebooks_fold_every_solution_and_student_copies_show_the_cell_to_write_in():
-    from course_lib.student import BEGIN, student_notebook
+    from course_lib.classroom.student import BEGIN, student_notebook
 
     folded = 0
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):

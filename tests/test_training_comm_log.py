@@ -54,7 +54,7 @@ def test_ring_bytes_formula():
 def test_the_rank_server_preloads_dynamo_only_for_kernels_that_count_collectives():
     import subprocess
     import sys
-    code = "import sys{}; from course_lib.rank_process import rank_preloads; print(rank_preloads())"
+    code = "import sys{}; from course_lib.runtime.rank_process import rank_preloads; print(rank_preloads())"
     plain = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True, text=True, timeout=120)
     counting = subprocess.run([sys.executable, "-c", code.format(", course_lib.measure.comm_log")],
                               capture_output=True, text=True, timeout=120)

@@ -7,9 +7,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib import hardware, run
+from course_lib import run
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.tensor_parallel import check_column_parallel_forward, check_row_parallel_linear
+from course_lib.costs import hardware
 from course_lib.measure.comm_log import CommLog
 from course_lib.training import train_single
 from course_lib.training.tensor_parallel import (
@@ -200,8 +201,8 @@ def test_dtensor_mlp_equals_ours_with_the_same_collectives():
 
 
 def test_uneven_split_is_refused_before_any_process_starts(monkeypatch):
-    import course_lib.launch
-    monkeypatch.setattr(course_lib.launch, "run", lambda *a, **k: pytest.fail("a process was started"))
+    import course_lib.runtime.launch
+    monkeypatch.setattr(course_lib.runtime.launch, "run", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(ValueError, match="3 does not divide 32"):
         launch_tp_train(3, hidden=32)
     assert check_divisible(32, 4) == 8

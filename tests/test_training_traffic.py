@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib import run
+from course_lib.costs import projection
 from course_lib.measure import netem, traffic
-from course_lib.training import projection
 from course_lib.training.allreduce import dp_train
 from course_lib.training.ps import ps_train
 

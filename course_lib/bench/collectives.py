@@ -120,7 +120,7 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
     import torch
     import torch.distributed as dist
 
-    from course_lib.devices import device
+    from course_lib.runtime.devices import device
 
     dtype, dev = getattr(torch, dtype_name), device()
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -227,7 +227,7 @@ def _join(backend: str) -> str:
     """Under torchrun: join env:// with the backend and GPU every lab uses (course_lib.labs.group.choose).
 
     NCCL only when this node has a GPU for each of its workers, and worker LOCAL_RANK on the node's own GPU of that
-    number (course_lib.devices.node_gpu), so two torchrun "nodes" sharing one machine never land on the same GPU.
+    number (runtime.devices.node_gpu), so two torchrun "nodes" sharing one machine never land on the same GPU.
     """
     import torch.distributed as dist
 

@@ -25,12 +25,12 @@ import torch.distributed as dist
 
 from .. import device, run
 from ..collectives import chunk_bounds, ring_all_reduce
+from ..costs.decentralized import MAIN, SCHEMES, sent_per_step
 from ..measure.netem import emulate, link
 from ..measure.traffic import Meter, metered
 from ..training import ps
 from ..training.compression import compressed_train
 from ..training.data import DATA_DIR
-from ..training.decentralized_cost import MAIN, SCHEMES, sent_per_step
 from ..training.gossip import dpsgd_train, evaluate
 from ..training.local_sgd import local_sgd_train
 from ..training.model import flat_params, make_mlp

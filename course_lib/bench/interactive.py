@@ -16,8 +16,8 @@ CELL = "t = torch.ones(4)\ndist.all_reduce(t)\nprint(rank, t[0].item())"
 
 def time_group_cold(world_size: int) -> float:
     """A fresh kernel's first group: starts the rank server (one torch import), then forks and joins the ranks."""
-    from course_lib import _forkserver
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime import forkserver as _forkserver
+    from course_lib.runtime.persistent_ranks import Ranks
 
     _forkserver.shutdown()
     t0 = time.perf_counter()
@@ -29,7 +29,7 @@ def time_group_cold(world_size: int) -> float:
 
 def time_group_start(world_size: int, reps: int) -> list[float]:
     """Warm starts: fork the ranks from the running server and wait until each has joined the process group."""
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime.persistent_ranks import Ranks
 
     times = []
     for _ in range(reps):
@@ -42,7 +42,7 @@ def time_group_start(world_size: int, reps: int) -> list[float]:
 
 def time_cells(world_size: int, reps: int, warmup: int = 5) -> list[float]:
     """Round trip of the trivial cell, as %%ranks runs it (send, exec on every rank, replies, output collected)."""
-    from course_lib.persistent_ranks import Ranks
+    from course_lib.runtime.persistent_ranks import Ranks
 
     with Ranks(world_size) as group:
         for _ in range(warmup):

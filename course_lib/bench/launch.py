@@ -30,7 +30,7 @@ def allreduce_once() -> float:
 def _spawn_rank(rank: int, world_size: int, port: int, mem_dir: str) -> None:
     import torch.distributed as dist
 
-    from course_lib._rank_setup import rss_bytes
+    from course_lib.runtime.rank_setup import rss_bytes
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     assert allreduce_once() == world_size
@@ -76,7 +76,8 @@ def time_run(world_size: int, reps: int, warmup: int = 2) -> tuple[list[float], 
 
 def time_cold(world_size: int = 4) -> float:
     """First launch in a fresh kernel: starts the rank server (one torch import) and then the ranks."""
-    from course_lib import _forkserver, run
+    from course_lib import run
+    from course_lib.runtime import forkserver as _forkserver
 
     _forkserver.shutdown()
     t0 = time.perf_counter()
@@ -121,7 +122,7 @@ def result_speed(mb: int, world_size: int = 2, reps: int = 3) -> dict:
 
 
 def _kernel_rss() -> int:
-    from course_lib._rank_setup import rss_bytes
+    from course_lib.runtime.rank_setup import rss_bytes
 
     return rss_bytes().get("rss", 0)
 
@@ -142,7 +143,8 @@ def _children_of(pid: int) -> list[int]:
 
 def back_to_back(n: int, world_size: int = 4) -> dict:
     """``n`` launches in a row: the kernel's RSS before and after, and rank processes left behind."""
-    from course_lib import _forkserver, run
+    from course_lib import run
+    from course_lib.runtime import forkserver as _forkserver
 
     run(allreduce_once, world_size, output="none")
     before = _kernel_rss()
@@ -159,7 +161,7 @@ def _small_training() -> float:
     import torch.distributed as dist  # noqa: F401  (the group is up: DDP uses it)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from course_lib._rank_setup import rss_bytes
+    from course_lib.runtime.rank_setup import rss_bytes
 
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
@@ -220,7 +222,7 @@ def main(world_sizes=(2, 4, 8), reps: int = 20, spawn_reps: int = 3, json_path: 
     private = run(_small_training, 2, output="none").values
     out["training_rank_private_MiB"] = max(private)
     print(f"private memory of a rank after 5 DDP + Adam steps of a small MLP: {max(private):.0f} MiB "
-          "(course_lib.machine_limits.RANK_MEMORY_BYTES is sized on it)")
+          "(course_lib.runtime.machine_limits.RANK_MEMORY_BYTES is sized on it)")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(out, f, indent=1, default=str)

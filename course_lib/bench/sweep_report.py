@@ -76,7 +76,7 @@ def analyse(rows: list[dict], one_host: bool | None = None) -> dict:
     """
     if one_host is None:
         one_host = rows[0].get("hosts", 1) == 1 if rows else True
-    from course_lib import costmodel as cm
+    from course_lib.costs import alpha_beta as cm
 
     out: dict = {}
     ar = [r for r in rows if r["op"] == "all_reduce"]
@@ -124,7 +124,7 @@ def predicted_ratios(p: int) -> dict:
     all_reduce = ring (2(p-1)/p n). 'shared_cpu': one host, every byte copied by the same cores, so time ~ total
     bytes all ranks send: reduce (p-1) n + (p-1)/p n, broadcast (p-1) n, all_reduce 2 (p-1) n.
     """
-    from course_lib import costmodel as cm
+    from course_lib.costs import alpha_beta as cm
 
     if p < 2:
         return {}

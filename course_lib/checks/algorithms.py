@@ -89,17 +89,17 @@ def check_ring_all_reduce(learner, world_sizes=(1, 2, 3, 4, 5), sizes=(1, 4, 7, 
 
 # Everything that runs or counts the ring for the learner: launching ranks in this process or on a persistent
 # group, the course's ring and traffic counters, and every formula of a ring's bytes.
-LAUNCHERS = ("course_lib.launch.run", "course_lib.persistent_ranks.Ranks.run_cell",
-             "course_lib.persistent_ranks.Ranks.pull", "course_lib.persistent_ranks.Ranks.start")
+LAUNCHERS = ("course_lib.runtime.launch.run", "course_lib.runtime.persistent_ranks.Ranks.run_cell",
+             "course_lib.runtime.persistent_ranks.Ranks.pull", "course_lib.runtime.persistent_ranks.Ranks.start")
 RING_SHORTCUTS = (*LAUNCHERS, *COURSE_COLLECTIVES, *RING_ANSWERS,
-                  "course_lib.measure.comm_log.Call.ring_bytes.fget", "course_lib.costmodel.ring_reduce_scatter",
-                  "course_lib.costmodel.ring_all_gather", "course_lib.costmodel.rabenseifner_allreduce")
+                  "course_lib.measure.comm_log.Call.ring_bytes.fget", "course_lib.costs.alpha_beta.ring_reduce_scatter",
+                  "course_lib.costs.alpha_beta.ring_all_gather", "course_lib.costs.alpha_beta.rabenseifner_allreduce")
 BYTES_CASES = ((4, 10), (2, 5), (3, 7), (5, 3), (5, 12))    # (p, n): n not divisible by p, and n < p
 
 
 def _ring_bytes_sent(sizes):
     from course_lib.collectives import Traffic, ring_all_reduce
-    from course_lib.devices import device
+    from course_lib.runtime.devices import device
 
     out = []
     for n in sizes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..results import RankFailed
+from ..runtime.results import RankFailed
 from .c10d_names import everything_but
 from .core import ExerciseFailed, not_attempted, passed, with_hint
 
@@ -59,7 +59,7 @@ def on_rank(exercise: str, kind: str, ns: dict, case: int = 0) -> None:
 
 # ------------------------------------------------------------------ in the notebook's kernel
 def _current(ranks):
-    from ..interactive import current
+    from ..runtime.interactive import current
 
     ranks = ranks if ranks is not None else current()
     if ranks is None or not ranks.procs:

@@ -18,8 +18,8 @@ from functools import partial
 
 import torch
 
-from ..launch import run
-from ..results import RankFailed, RankTimeout
+from ..runtime.launch import run
+from ..runtime.results import RankFailed, RankTimeout
 
 # A check cell shows the learner's own frames only: the checker's source (its hint, its reference) is no help to
 # read, and a highlighted line of it can give the answer away.
@@ -212,7 +212,7 @@ def _cases(exercise, learner, reference, make_input, cases, forbid, why, library
     """Runs on every rank: each case in turn, the reference first (a learner's bug must not disturb it)."""
     import torch.distributed as dist
 
-    from course_lib.devices import device
+    from course_lib.runtime.devices import device
 
     from .switch_off import SwitchedOff
 

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
-from ..launch import run
-from ..results import RankFailed
+from ..runtime.launch import run
+from ..runtime.results import RankFailed
 from ..training import tolerance
 from ..training.model import flat_params, make_mlp
 from .core import ExerciseFailed, explain, launch_checked, learner_rules, passed, watched_call, with_hint

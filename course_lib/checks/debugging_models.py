@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
-from ..launch import run
-from ..results import RankFailed
+from ..runtime.launch import run
+from ..runtime.results import RankFailed
 from ..training import tolerance
 from ..training.pipeline_schedules import one_f_one_b_order
 from .c10d_names import everything_but

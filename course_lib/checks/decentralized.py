@@ -14,7 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..devices import device
+from ..runtime.devices import device
 from ..training import gossip, local_sgd, tolerance
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
 from .traffic import summary

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .. import costmodel
-from .. import hardware as hw
+from ..costs import alpha_beta
+from ..costs import hardware as hw
 from .core import ExerciseFailed, call_learner, passed, with_hint
 
 
@@ -131,10 +131,10 @@ def check_tor_share(tor_share, exercise: str = "Exercise 2.2") -> None:
 
 
 def _fewest_servers(n: int) -> int:
-    """Smallest k with costmodel's PS time <= ring all-reduce's (M and B cancel: both scale as M/B)."""
+    """Smallest k with alpha_beta's PS time <= ring all-reduce's (M and B cancel: both scale as M/B)."""
     return next(k for k in range(1, n + 1)
-                if costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["ps_s"]
-                <= costmodel.ps_vs_allreduce(n, 1.0, 1.0, k)["allreduce_s"] * (1 + 1e-12))
+                if alpha_beta.ps_vs_allreduce(n, 1.0, 1.0, k)["ps_s"]
+                <= alpha_beta.ps_vs_allreduce(n, 1.0, 1.0, k)["allreduce_s"] * (1 + 1e-12))
 
 
 def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> None:
@@ -172,7 +172,7 @@ def _synthetic_rows() -> list[dict]:
     rows = []
     for i, size in enumerate(4096 << j for j in range(12)):
         wobble = 1 + 0.06 * ((-1) ** i)
-        ring_s = costmodel.ring_allreduce(3, size, 300e-6, 1 / 0.4e9) * wobble
+        ring_s = alpha_beta.ring_allreduce(3, size, 300e-6, 1 / 0.4e9) * wobble
         rows.append({"op": "ring", "size_bytes": size, "ranks": 3, "time_us": ring_s * 1e6})
         rows.append({"op": "all_reduce", "size_bytes": size, "ranks": 3, "time_us": ring_s * 0.5e6 + 40})
     return rows
@@ -181,7 +181,7 @@ def _synthetic_rows() -> list[dict]:
 def _relative_rms(rows, alpha, beta) -> float:
     ring = [r for r in rows if r["op"] == "ring"]
     p = ring[0]["ranks"]
-    errs = [(costmodel.ring_allreduce(p, r["size_bytes"], alpha, beta) - r["time_us"] / 1e6) / (r["time_us"] / 1e6)
+    errs = [(alpha_beta.ring_allreduce(p, r["size_bytes"], alpha, beta) - r["time_us"] / 1e6) / (r["time_us"] / 1e6)
             for r in ring]
     return math.sqrt(sum(e * e for e in errs) / len(errs))
 
@@ -189,7 +189,7 @@ def _relative_rms(rows, alpha, beta) -> float:
 def check_course_ring_fit(fit_course_ring, rows, exercise: str = "Exercise 7.2") -> None:
     """(alpha, beta) of the ring model t = 2(p-1) alpha + 2(p-1)/p S beta for the course ring's rows (op 'ring').
     Any fit is accepted whose relative errors (model - t)/t have a root mean square within 0.02 of the best
-    possible (the relative least-squares fit, costmodel.fit_alpha_beta); checked on the measured sweep and on a
+    possible (the relative least-squares fit, alpha_beta.fit_alpha_beta); checked on the measured sweep and on a
     sweep of another machine with 3 ranks, so a fit of the wrong rows, units or ranks, or fixed numbers, fail."""
     hint = ("Which rows are the course's ring, in which units are their sizes and times, and what does the ring's "
             "model say one call of S bytes costs on p ranks? Sizes span four orders of magnitude: which points does "
@@ -201,7 +201,7 @@ def check_course_ring_fit(fit_course_ring, rows, exercise: str = "Exercise 7.2")
             raise ExerciseFailed(with_hint(f"{exercise}: on {name} you returned {got!r}, not (alpha, beta): two "
                                            "numbers, seconds and seconds per byte.", hint))
         ring = [r for r in case if r["op"] == "ring"]
-        best = costmodel.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] / 1e6 for r in ring],
+        best = alpha_beta.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] / 1e6 for r in ring],
                                         p=ring[0]["ranks"], algorithm="ring")
         mine, least = _relative_rms(case, *got), _relative_rms(case, *best)
         if mine > least + 0.02:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..launch import run
-from ..results import RankFailed
+from ..runtime.launch import run
+from ..runtime.results import RankFailed
 from .c10d_names import everything_but
 from .core import ExerciseFailed, not_attempted, passed
 
@@ -42,7 +42,7 @@ def _torch_groups(shapes):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..devices import device
+    from ..runtime.devices import device
     out = []
     for shape in shapes:
         mesh = init_device_mesh(device().type, shape)
@@ -138,8 +138,8 @@ def _expected_dispatch(rank, p):
 def _run_dispatch(fn, exercise):
     import torch.distributed as dist
 
-    from ..devices import device
     from ..measure.alltoall_log import AllToAllLog
+    from ..runtime.devices import device
     from .switch_off import switched_off
     rank, p = dist.get_rank(), dist.get_world_size()
     x, e = (t.to(device()) for t in _tokens(rank, p))        # NCCL moves only tensors on the rank's GPU
@@ -201,8 +201,8 @@ def _run_ring(fn, exercise, chunk, d, scales):
     """On every rank, for each score scale: the learner's output, its messages and the largest tensor it made."""
     import torch.distributed as dist
 
-    from ..devices import device
     from ..measure.peak_memory import LargestTensor
+    from ..runtime.devices import device
     from ..training.ring_attention import positions
     from .switch_off import switched_off
     from .traffic import Watch

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..launch import run
-from ..results import RankFailed
+from ..runtime.launch import run
+from ..runtime.results import RankFailed
 from ..training import pipeline as pl
 from ..training.data import load_digits
 from ..training.mixed_precision import LossScaler
@@ -188,8 +188,8 @@ def _no_amp_kernels(exercise: str):
 
 
 def _loss_scaling_case(learner, growth_interval, lr):
-    from ..devices import device
     from ..measure.comm_log import CommLog
+    from ..runtime.devices import device
     rank = dist.get_rank()
     torch.manual_seed(rank)
     stage = nn.Linear(4, 4).to(device())

@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from ..results import RankFailed
+from ..runtime.results import RankFailed
 from .c10d_names import everything_but
 from .core import ExerciseFailed, _fmt, check_collective, not_attempted, passed, with_hint
 from .traffic import summary
@@ -24,9 +24,9 @@ COURSE_COLLECTIVES = tuple(f"course_lib.collectives.{m}" for m in (
     "ring._all_gather", "tree.tree_reduce", "tree.tree_broadcast", "tree.tree_all_reduce", "tree._reduce",
     "tree._broadcast", "recursive_doubling.recursive_doubling_all_reduce", "star.star_all_reduce"))
 # Every library function that returns a ring all-reduce's bytes (exercises 6.2 and 10.1 ask for them).
-RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.allreduce_traffic",
-                "course_lib.costmodel.ring_allreduce", "course_lib.training.compression.ring_sent_bytes",
-                "course_lib.training.zero.ring_bytes_formula", "course_lib.training.decentralized_cost.sent_per_step")
+RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costs.alpha_beta.allreduce_traffic",
+                "course_lib.costs.alpha_beta.ring_allreduce", "course_lib.training.compression.ring_sent_bytes",
+                "course_lib.training.zero.ring_bytes_formula", "course_lib.costs.decentralized.sent_per_step")
 
 
 def _distinct(rank, world, size, dtype):
@@ -241,7 +241,7 @@ def _real_reduce_scatter(inputs):
 def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise 5.1") -> None:
     """``predicted()`` returns what each rank's output holds after reduce_scatter_single (SUM) with ``inputs``;
     compared with a real run on len(inputs) ranks. It is a prediction: launching ranks and collectives are off."""
-    from ..launch import run
+    from ..runtime.launch import run
     from .switch_off import SwitchedOff, switched_off
 
     hint = ("Which chunk of each input does rank j receive in a reduce-scatter, and what happens to it? Write the "
@@ -250,7 +250,7 @@ def check_reduce_scatter_prediction(inputs, predicted, exercise: str = "Exercise
         try:
             # the notebook's process has no process group: launching ranks is the only way to run it
             with switched_off(exercise, why="predicting a reduce-scatter before running it",
-                              library=("course_lib.launch.run",)):
+                              library=("course_lib.runtime.launch.run",)):
                 predicted = predicted()
         except SwitchedOff as exc:
             raise ExerciseFailed(with_hint(str(exc), hint)) from None

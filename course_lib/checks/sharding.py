@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..devices import device
+from ..runtime.devices import device
 from ..training.adam import adam_step
 from ..training.data import combined_batch, load_digits, worker_batch
 from ..training.model import flat_params, make_mlp
@@ -25,7 +25,7 @@ MEMORY_ANSWERS = tuple(f"course_lib.measure.memory.{f}" for f in ("per_rank_byte
                                                                      "padded_rows"))
 # the routes to bytes measured on real ranks: the library's ZeRO runs and the launcher itself
 MEASURED_ANSWERS = ("course_lib.training.zero.run_schemes", "course_lib.training.zero.train_schemes",
-                    "course_lib.launch.run")
+                    "course_lib.runtime.launch.run")
 ZERO_ANSWERS = tuple(f"course_lib.training.zero.{f}" for f in ("zero1_step", "zero2_step", "zero3_step", "dp_step",
                                                                "reduce_scatter_mean", "_update_my_rows_and_gather"))
 

@@ -122,9 +122,10 @@ def _stub_code(fn, key: str):
 
 # Every way the course (or Python) starts ranks or processes: off while a learner's function runs under a checker,
 # in the notebook's process and on the ranks, so no exercise can be answered by launching ranks of one's own.
-LAUNCHERS = ("course_lib.launch.run", "course_lib.launch._launch_once", "course_lib._forkserver.get_server",
-             "course_lib.persistent_ranks.Ranks.start",
-             "course_lib.persistent_ranks.Ranks.run_cell", "course_lib.persistent_ranks.Ranks.pull",
+LAUNCHERS = ("course_lib.runtime.launch.run", "course_lib.runtime.launch._launch_once",
+             "course_lib.runtime.forkserver.get_server",
+             "course_lib.runtime.persistent_ranks.Ranks.start",
+             "course_lib.runtime.persistent_ranks.Ranks.run_cell", "course_lib.runtime.persistent_ranks.Ranks.pull",
              "course_lib.labs.torchrun.run", "course_lib.labs.torchrun.run_nodes", "course_lib.labs.torchrun._start",
              "torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
              "multiprocessing.process.BaseProcess.start", "subprocess.Popen.__init__")
@@ -138,7 +139,7 @@ def library_stubs(paths, exercise: str, why: str = "", launchers: bool = False):
         fn = _resolve(path)
         fn = getattr(fn, "__func__", fn)
         key = f"{exercise}:{path}"
-        short = path.removeprefix("course_lib.")
+        short = path.removeprefix("course_lib.").removeprefix("runtime.")  # launch.run, costs.alpha_beta.x
         if path.startswith("torch.distributed."):      # torch's own call, switched off for this exercise
             _refusals[key] = _say(exercise, why, f"dist.{path.rsplit('.', 1)[1]}")
             out.append((fn, fn.__code__, _stub_code(fn, key)))

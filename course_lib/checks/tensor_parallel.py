@@ -66,7 +66,7 @@ def _poisoned(linear, x, rank, world, split):
 def _case(exercise, learner, n_in, n_out, forbid, why, split):
     """On every rank: the same clean layer and input (same seed) give nn.Linear's answer; the learner gets a copy
     poisoned outside this rank's slice; returns both, the calls made and the first op that produced a NaN."""
-    from ..devices import device
+    from ..runtime.devices import device
     torch.manual_seed(0)
     linear = nn.Linear(n_in, n_out).to(device())
     with torch.no_grad():

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import costmodel, device
+from .. import device
+from ..costs import alpha_beta
 from ..training import tolerance
 from ..training.allreduce import dp_train
 from ..training.data import combined_batch, load_digits, shard_indices, worker_batch
@@ -25,7 +26,7 @@ from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_
 from .traffic import summary
 
 STEPS, BATCH, HIDDEN = 3, 16, 32
-PS_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costmodel.ps_vs_allreduce")
+PS_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costs.alpha_beta.ps_vs_allreduce")
 # the parameter server itself and every way to launch it: 8.1 asks for the bytes before running anything
 PS_RUNNERS = (*LAUNCHERS, "course_lib.training.ps.ps_train", "course_lib.training.ps._sync_server")
 
@@ -264,7 +265,7 @@ def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> None:
     return passed(exercise, "matches the bytes counted on real ring runs for 2-4 ranks, and a ring's for 5-64")
 
 
-BYTEPS_ANSWERS = (*PS_ANSWERS, "course_lib.costmodel.byteps_optimal")
+BYTEPS_ANSWERS = (*PS_ANSWERS, "course_lib.costs.alpha_beta.byteps_optimal")
 
 
 def check_servers_to_match_ring(cpu_machines_needed, exercise: str = "Exercise 10.2") -> None:
@@ -277,7 +278,7 @@ def check_servers_to_match_ring(cpu_machines_needed, exercise: str = "Exercise 1
         for ratio in (1.0, 0.9, 0.75, 0.6, 0.5):
             ring = 2 * (n - 1) / n
             want = next((k for k in range(n + 1)
-                         if costmodel.byteps_optimal(n, 1.0, 1.0, k) <= ratio * ring * (1 + 1e-12)), None)
+                         if alpha_beta.byteps_optimal(n, 1.0, 1.0, k) <= ratio * ring * (1 + 1e-12)), None)
             got = call_learner(exercise, cpu_machines_needed, n, ratio, hint=hint,
                                why="solving BytePS's formula for k", library=BYTEPS_ANSWERS)
             if got != want:

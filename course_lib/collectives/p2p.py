@@ -2,7 +2,7 @@
 
 Taught in notebooks/06_build_your_own_collectives.ipynb. Point-to-point = between two processes; the collectives
 in this package are made of nothing else, so their traffic can be counted exactly and compared with the formulas
-in course_lib.costmodel.
+in course_lib.costs.alpha_beta.
 """
 
 from __future__ import annotations

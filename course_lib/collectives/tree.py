@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..costmodel import lg
+from ..costs.alpha_beta import lg
 from .p2p import Traffic, exchange, finish, flat_work, reducer
 from .trace import Trace
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..devices import LaunchError, node_gpu, node_gpus
+from ..runtime.devices import LaunchError, node_gpu, node_gpus
 
 # What torchrun (torch.distributed.elastic) puts in every worker's environment.
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..devices import LAB_GPUS, gpu_count
+from ..runtime.devices import LAB_GPUS, gpu_count
 from ..runtime.ending import end_tree
 from ..runtime.loop import Loop
 from .group import FRESH_STORE_ENV
@@ -188,7 +188,7 @@ def run(module: str, args=(), nproc: int = 2, timeout: float = 60.0, max_restart
 def readable(line: str) -> str:
     """A line of torchrun's output without what only this machine has: C++ source paths, the interpreter's path and
     temporary folders (the meaning stays: which worker, which exit code, which error)."""
-    from ..rank_failure import clean
+    from ..runtime.rank_failure import clean
 
     line = clean(line)
     for interpreter in {os.path.realpath(sys.executable), sys.executable}:

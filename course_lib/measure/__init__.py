@@ -12,5 +12,5 @@
 
 The algorithms these measure live in course_lib.training. Submodules are imported on use: comm_log's first use
 costs seconds per rank (it imports torch._dynamo), and the rank server preloads that only for kernels that will
-need it (course_lib.rank_process.rank_preloads).
+need it (course_lib.runtime.rank_process.rank_preloads).
 """

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..hardware import STATE_BYTES_PER_PARAM
+from ..costs.hardware import STATE_BYTES_PER_PARAM
 
 SCHEMES = ("DP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2")
 CATEGORIES = ("params", "grads", "optimizer")

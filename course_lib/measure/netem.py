@@ -4,7 +4,7 @@ Each rank has one full-duplex NIC: an outgoing side that sends one message at a 
 it for alpha + b/B seconds) and an incoming side that cannot deliver faster than B. Emulated by sleeping: before a
 send until the outgoing side is free and the message has left; after a receive until the incoming side could have
 taken it (max(arrival, previous delivery + b/B)). So n workers pushing to one server take ~n*b/B at the server,
-and a ring step between neighbours takes alpha + b/B: the alpha-beta model of course_lib.costmodel, made real on a
+and a ring step between neighbours takes alpha + b/B: the alpha-beta model of costs/alpha_beta.py, made real on a
 laptop. Real localhost transfer time comes on top (small next to slow links; see the notebook's error column).
 """
 
@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .. import hardware
+from ..costs import hardware
 from .intercept import hooked, nbytes
 
 

@@ -1,6 +1,6 @@
 """Bytes each rank sends and receives per training step, and the formulas they must match (notebook 10).
 
-Formulas from course_lib.costmodel (BytePS, Jiang et al. OSDI'20; Patarasuk & Yuan 2009): a single parameter
+Formulas from course_lib.costs.alpha_beta (BytePS, Jiang et al. OSDI'20; Patarasuk & Yuan 2009): a single parameter
 server receives n*M and sends n*M bytes per step (k servers: n*M/k each); ring all-reduce sends 2(n-1)/n*M per rank.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .. import costmodel
+from ..costs import alpha_beta
 from .intercept import hooked, nbytes
 
 
@@ -51,10 +51,10 @@ def expected(arch: str, n_workers: int, model_bytes: int, k_servers: int = 1) ->
     """Bytes per step the formula gives: arch 'ps' -> each server's in/out and each worker's out/in;
     'ring' -> each rank's sent and received (2(n-1)/n M, exact when n divides the element count)."""
     if arch == "ps":
-        c = costmodel.ps_vs_allreduce(n_workers, model_bytes, 1.0, k_servers)
+        c = alpha_beta.ps_vs_allreduce(n_workers, model_bytes, 1.0, k_servers)
         return {"server_recv": c["ps_server_bytes_in"], "server_sent": c["ps_server_bytes_out"],
                 "worker_sent": model_bytes, "worker_recv": model_bytes}
     if arch == "ring":
-        per_rank = costmodel.allreduce_traffic("ring", n_workers, model_bytes)["busiest"]
+        per_rank = alpha_beta.allreduce_traffic("ring", n_workers, model_bytes)["busiest"]
         return {"rank_sent": per_rank, "rank_recv": per_rank}
     raise ValueError(f"unknown arch {arch!r}: 'ps' or 'ring'")

@@ -11,8 +11,8 @@ import os
 import signal
 import time
 
-from ..protocol import KILL_WAIT_S, TERM_TO_KILL_S
 from .loop import Loop
+from .protocol import KILL_WAIT_S, TERM_TO_KILL_S
 
 
 def descendants(pid: int) -> list[int]:

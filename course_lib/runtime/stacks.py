@@ -164,7 +164,7 @@ def flight_records(folder: str) -> dict[int, str]:
 
 def report(places: dict[int, str]) -> str:
     """'Where each rank was:' and one line per place, the ranks at the same place together."""
-    from ..rank_failure import names
+    from .rank_failure import names
 
     by_place: dict[str, list[int]] = {}
     for rank in sorted(places):

@@ -4,7 +4,7 @@ On a GPU, NCCL runs each collective as a kernel on its own CUDA stream, on a few
 cross NVLink or the NIC: backward keeps computing while a bucket travels. On a CPU-only laptop, gloo's all-reduce
 needs the same cores as backward, so overlapping them mostly makes them compete. Here every rank gets an emulated
 NIC instead: a thread that all-reduces each bucket (a real gloo all_reduce, so the sums are real) and then sleeps
-until the link model's ring time for it has passed (costmodel.ring_allreduce with the link's alpha and beta).
+until the link model's ring time for it has passed (alpha_beta.ring_allreduce with the link's alpha and beta).
 A sleeping thread holds no core, so backward keeps its own: the situation of a GPU with its own link, not of ranks
 fighting over two cores. Buckets fill from gradient hooks, last layer first, as in DDP (Li et al., VLDB 2020).
 """
@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import costmodel, device
+from .. import device
+from ..costs import alpha_beta
 from ..measure.netem import Link
 from ..measure.netem import link as named_link
 from .data import combined_batch, load_digits, worker_batch
@@ -65,7 +66,7 @@ class EmulatedNIC:
     def model_s(self, flat: torch.Tensor) -> float:
         """Seconds the link model gives a ring all-reduce of this bucket: 2(p-1) alpha + 2(p-1)/p n beta."""
         n = flat.numel() * flat.element_size()
-        return costmodel.ring_allreduce(dist.get_world_size(), n, self.link.alpha, self.link.beta)
+        return alpha_beta.ring_allreduce(dist.get_world_size(), n, self.link.alpha, self.link.beta)
 
     def transfer(self, name: str, flat: torch.Tensor) -> None:
         start = time.perf_counter()

@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..devices import device
 from ..measure.activations import ActivationMeter
 from ..measure.bubble import (  # noqa: F401  (measurements of a run's bubble; re-exported here)
     actions,
@@ -28,6 +27,7 @@ from ..measure.bubble import (  # noqa: F401  (measurements of a run's bubble; r
     replayed_with_costs,
 )
 from ..measure.timeline import Timeline, region
+from ..runtime.devices import device
 from .data import combined_batch, load_digits
 from .model import flat_params
 from .pipeline_schedules import (  # noqa: F401  (the schedules live there; re-exported here)

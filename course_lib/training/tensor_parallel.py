@@ -219,7 +219,7 @@ def tp_train(steps: int = 5, batch: int = 32, lr: float = 0.1, hidden: int = 256
 
 def launch_tp_train(world_size: int, timeout: float = 60, **kwargs) -> list[dict]:
     """run(tp_train) on world_size ranks after checking the split in the kernel (ValueError before any process)."""
-    from ..launch import run
+    from ..runtime.launch import run
     check_divisible(kwargs.get("hidden", 256), world_size)
     return run(tp_train, world_size=world_size, kwargs=kwargs, output="none", timeout=timeout).values
 
@@ -236,7 +236,7 @@ def megatron_layer_cost(hidden: int, seq: int, micro_batch: int, tp: int, link: 
     """Seconds per transformer layer (forward + backward) at tensor-parallel degree tp: compute vs the 4 ring
     all-reduces of an s x b x h activation (2 forward, 2 backward; Shoeybi et al. 2019, figure 4). Layer FLOPs
     forward 24 b s h^2 (1 + s / 6h), backward twice that (Narayanan et al. SC'21, appendix); MLP 16 b s h^2."""
-    from ..costmodel import ring_allreduce
+    from ..costs.alpha_beta import ring_allreduce
     b, s, h = micro_batch, seq, hidden
     n = b * s * h * bytes_per
     one = ring_allreduce(tp, n, link["typical_latency_us"] * 1e-6, 1 / (link["GBps_one_direction"] * 1e9))

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
-from ..launch import run
 from ..measure.memory import SCHEMES, numel, padded_numel, padded_rows
+from ..runtime.launch import run
 from .adam import adam_step
 from .fsdp import fsdp_train
 from .model import flat_params, make_mlp

@@ -64,7 +64,7 @@ def plot_fit(sizes, seconds, alpha: float, beta: float, model, ax=None, label: s
 
 def plot_sweep(rows: list[dict], ceilings: dict | None = None, fit: dict | None = None):
     """The benchmark's figure: busbw of every op with the ceilings, and (given a fit) the all_reduce fit."""
-    from course_lib import costmodel as cm
+    from course_lib.costs import alpha_beta as cm
 
     fig, axes = plt.subplots(1, 2 if fit else 1, figsize=(10 if fit else 5.5, 3.6), dpi=100, squeeze=False)
     plot_busbw(rows, ceilings, ax=axes[0][0])
@@ -81,8 +81,8 @@ def plot_sweep(rows: list[dict], ceilings: dict | None = None, fit: dict | None 
 def plot_piecewise_fit(sizes, seconds, line: tuple[float, float], pieces: list[dict], title: str = "",
                        tol: float = 0.25):
     """Left: measured times, one alpha + beta S line over all sizes (dashed) and one line per piece (solid).
-    Right: each fit's relative error at every size, with the +-tol band. Pieces as course_lib.costmodel.fit_pieces."""
-    from course_lib import costmodel as cm
+    Right: each fit's relative error at every size, with the +-tol band. Pieces as costs.alpha_beta.fit_pieces."""
+    from course_lib.costs import alpha_beta as cm
 
     a, b = line
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)

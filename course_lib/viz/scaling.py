@@ -1,6 +1,6 @@
 """Step time and scaling efficiency against the number of workers: measured points, projected lines (notebook 10).
 
-Draws what it is handed: measured {name: {n: seconds}} and course_lib.training.projection.project() output. A
+Draws what it is handed: measured {name: {n: seconds}} and course_lib.costs.projection.project() output. A
 curve's colour says which architecture (ring, or the PS with k servers), its line style the PS mode: dashed for
 push then pull, solid for pipelined and for the ring.
 """

@@ -1,7 +1,7 @@
 """Plots of the memory wall, compute wall, speed formula and link speeds, from numbers handed in.
 
 Taught in notebooks/01_why_distributed.ipynb and notebooks/02_cluster_architecture.ipynb; the numbers come
-from course_lib.hardware (data/ tables) and course_lib.bench.ceilings (this machine).
+from course_lib.costs.hardware (data/ tables) and course_lib.bench.ceilings (this machine).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def seconds_bars(items: dict, title: str, xlabel: str = "seconds (log scale)", h
 def scaling_plot(weak: list[dict], strong: list[dict], batch_limit: float | None = None,
                  title: str = "data parallelism: weak vs strong scaling"):
     """Speed-up over one device (left) and parallel efficiency (right) against devices, for weak-scaling rows
-    (a fixed batch per device) and strong-scaling rows (a fixed global batch), from course_lib.hardware.scaling."""
+    (a fixed batch per device) and strong-scaling rows (a fixed global batch), from costs.hardware.scaling."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.3), dpi=100)
     ps = [c["devices"] for c in weak]
     a1.plot(ps, ps, "k--", lw=1, label="ideal")

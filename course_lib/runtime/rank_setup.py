@@ -1,7 +1,7 @@
 """Inside a freshly forked rank, before the learner's code: its own output, its lifeline, its process group.
 
-Shared by the one-shot rank (course_lib/_rank_main.py) and the persistent rank (course_lib/_interactive_rank.py);
-the kernel's side is course_lib/rank_process.py.
+Shared by the one-shot rank (rank_main.py) and the persistent rank (interactive_rank.py);
+the kernel's side is rank_process.py.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def become_rank(msg: dict, out_fd: int, err_fd: int, life_fd: int) -> None:
     import torch.distributed as dist
 
     if msg.get("stack_file"):  # a hang report can ask this rank where it waits (runtime/stacks.py)
-        from .runtime.stacks import arm
+        from .stacks import arm
 
         arm(msg["stack_file"])
     torch.set_num_threads(msg["threads"])

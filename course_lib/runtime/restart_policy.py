@@ -1,5 +1,5 @@
 """After a persistent group's cell failed or was interrupted: can the group go on, must it be restarted, and what
-the cell says about it. The policy of course_lib/persistent_ranks.py; docs/ARCHITECTURE.md explains the cases."""
+the cell says about it. The policy of persistent_ranks.py; docs/ARCHITECTURE.md explains the cases."""
 
 from __future__ import annotations
 

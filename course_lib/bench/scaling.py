@@ -1,6 +1,6 @@
 """Measure step time against workers for PS and ring over one emulated link, next to the projection (notebook 10).
 
-    python -m course_lib.training.scaling --link "100 MbE" --workers 1 2 4
+    python -m course_lib.bench.scaling --link "100 MbE" --workers 1 2 4
 
 Each point is a real run on this machine: PS = 1 server + n workers (sync), ring = n ranks with one bucket of the
 whole model all-reduced by the course ring (point-to-point, so the link emulation applies to both). The
@@ -17,10 +17,10 @@ import statistics
 import torch
 
 from .. import run
+from ..costs.projection import ps_step, ring_step
 from ..measure.netem import link as get_link
-from .allreduce import dp_train
-from .projection import ps_step, ring_step
-from .ps import ps_train
+from ..training.allreduce import dp_train
+from ..training.ps import ps_train
 
 
 def _one_thread(train, **kwargs):

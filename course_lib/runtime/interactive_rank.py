@@ -1,8 +1,8 @@
 """One persistent rank: join the process group once, then run cell after cell in a namespace kept between cells.
 
-The child side of persistent ranks (course_lib/persistent_ranks.py, notebooks/05b_collectives_cell_by_cell.ipynb).
-Forked by the rank server (course_lib/_forkserver.py) with torch preloaded; it shares the one-shot rank's setup
-(course_lib/_rank_setup.py) and speaks the request/reply protocol drawn in docs/ARCHITECTURE.md.
+The child side of persistent ranks (persistent_ranks.py, notebooks/05b_collectives_cell_by_cell.ipynb).
+Forked by the rank server (forkserver.py) with torch preloaded; it shares the one-shot rank's setup
+(rank_setup.py) and speaks the request/reply protocol drawn in docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 import traceback
 
 from . import transfer
-from ._rank_setup import become_rank, failure_report, init_group, to_cpu
 from .protocol import EXIT_OK, EXIT_RAISED, recv_msg, send_msg
+from .rank_setup import become_rank, failure_report, init_group, to_cpu
 
 _THIS = os.path.basename(__file__)
 

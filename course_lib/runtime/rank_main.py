@@ -1,6 +1,6 @@
 """What runs inside one rank of run(): join the group, run the learner's function, report back, exit.
 
-Forked by the rank server (course_lib/_forkserver.py); the kernel reads the report in course_lib/rank_process.py.
+Forked by the rank server (forkserver.py); the kernel reads the report in rank_process.py.
 docs/ARCHITECTURE.md shows the phases a rank reports: load, init, fn, teardown.
 """
 
@@ -12,7 +12,8 @@ import sys
 import time
 
 from . import transfer
-from ._rank_setup import (
+from .protocol import EXIT_OK, EXIT_RAISED, STARTED
+from .rank_setup import (
     become_rank,
     failure_report,
     host_env_rendezvous,
@@ -22,7 +23,6 @@ from ._rank_setup import (
     rules_after_own_init,
     to_cpu,
 )
-from .protocol import EXIT_OK, EXIT_RAISED, STARTED
 
 
 def _report(res_fd: int, payload: dict) -> None:

@@ -1,6 +1,6 @@
 """The %ranks / %%ranks IPython magic over a persistent group (notebooks/05b_collectives_cell_by_cell.ipynb).
 
-Load it with ``%load_ext course_lib.interactive`` (or ``course_lib.ranks_magic``). This module owns the group the
+Load it with ``%load_ext course_lib`` (or ``course_lib.runtime.ranks_magic``). This module owns the group the
 magic started.
 """
 

@@ -14,7 +14,7 @@ _OS = {"Darwin": "macOS"}
 
 
 def _gpus() -> list[str]:
-    from .devices import gpu_count
+    from ..runtime.devices import gpu_count
 
     n = gpu_count()
     if n == 0:
@@ -50,7 +50,7 @@ def what_runs_here(gpus: int, most_ranks: int | None) -> list[str]:
 def _python() -> str:
     """The interpreter, relative to the course's folder or the current one when it lives below it (a .venv)."""
     exe = sys.executable
-    course = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    course = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for base in (course, os.getcwd()):
         try:
             rel = os.path.relpath(exe, base)
@@ -103,8 +103,8 @@ def _smoke(world_size: int, backend: str) -> tuple[bool, str]:
     import torch
     import torch.distributed as dist
 
-    from .devices import device
-    from .launch import run
+    from ..runtime.devices import device
+    from ..runtime.launch import run
 
     def smoke():
         t = torch.tensor([dist.get_rank() + 1.0], device=device())
@@ -125,14 +125,14 @@ def _smoke(world_size: int, backend: str) -> tuple[bool, str]:
 def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
     """Print what this machine offers and run the smoke test; True when it passed."""
     out = out or sys.stdout
-    from .machine_limits import WINDOWS, max_ranks
+    from ..runtime.machine_limits import WINDOWS, max_ranks
 
     if sys.platform.startswith(("win32", "cygwin")):
         print(f"course_lib doctor\n  platform      Windows ({platform.machine()})\n  {WINDOWS}", file=out, flush=True)
         return False
     import torch
 
-    from .devices import LaunchError, backend_available, plan
+    from ..runtime.devices import LaunchError, backend_available, plan
 
     cuda = torch.version.cuda
     hip = getattr(torch.version, "hip", None)

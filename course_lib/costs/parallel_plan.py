@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..hardware import STATE_BYTES_PER_PARAM, memory_bytes
+from .hardware import STATE_BYTES_PER_PARAM, memory_bytes
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A static HTML site of the course, built from the committed executed notebooks without running them.
 
-``python -m course_lib.site`` (or ``build_site()``) lays the notebooks, the glossary, the instructor guide and the
+``python -m course_lib site`` (or ``build_site()``) lays the notebooks, the glossary, the instructor guide and the
 architecture notes out in a temporary Sphinx project and builds it with myst-nb, execution off: every figure,
 table and output is the committed one. A slider's live widget needs a kernel, so the site shows the static figure
 the cell drew first and a note saying where the sliders work. Open ``_site/index.html`` in a browser.
@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .viz.sliders import NOTE as SLIDER_NOTE
-from .viz.sliders import WIDGET_VIEW
+from ..viz.sliders import NOTE as SLIDER_NOTE
+from ..viz.sliders import WIDGET_VIEW
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TITLE = "Distributed training, taught by running it"
 
 CONF = f'''
@@ -140,7 +140,7 @@ def build_site(out: str | Path = ROOT / "_site", root: Path = ROOT, quiet: bool 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.site", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib.classroom.site", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "_site"), help="folder for the HTML (default: _site/)")
     args = parser.parse_args(argv)
     start = time.perf_counter()

@@ -12,9 +12,9 @@ import csv
 import math
 from pathlib import Path
 
-from . import costmodel
+from . import alpha_beta
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 GB = 1e9
 GiB = 2**30
 MiB = 2**20
@@ -178,10 +178,10 @@ def data_parallel_speed(p: int, step_compute_s: float, grad_bytes: float, alpha:
     """Training speed = single-device speed x p x multi-device speedup ratio, the ratio from a ring all-reduce.
 
     Each of p devices computes a step on its own batch (step_compute_s), then the gradients are all-reduced
-    with course_lib.costmodel.ring_allreduce (no overlap of compute and communication: the pessimistic case).
+    with course_lib.costs.alpha_beta.ring_allreduce (no overlap of compute and communication: the pessimistic case).
     Returns samples/s of one device, of p devices, and the ratio compute / (compute + communication).
     """
-    comm = costmodel.ring_allreduce(p, grad_bytes, alpha, beta) if p > 1 else 0.0
+    comm = alpha_beta.ring_allreduce(p, grad_bytes, alpha, beta) if p > 1 else 0.0
     single = samples_per_step / step_compute_s
     ratio = step_compute_s / (step_compute_s + comm)
     return {"devices": p, "single_device_speed": single, "speedup_ratio": ratio, "comm_s": comm,
@@ -206,7 +206,7 @@ def scaling(p: int, seq_compute_s: float, grad_bytes: float, alpha: float, beta:
     if (seqs_per_gpu is None) == (global_batch is None):
         raise ValueError("give seqs_per_gpu (weak scaling) or global_batch (strong scaling), not both")
     per_gpu = seqs_per_gpu if seqs_per_gpu is not None else global_batch / p
-    comm = costmodel.ring_allreduce(p, grad_bytes, alpha, beta) if p > 1 else 0.0
+    comm = alpha_beta.ring_allreduce(p, grad_bytes, alpha, beta) if p > 1 else 0.0
     step = per_gpu * seq_compute_s + comm
     speedup = (p * per_gpu / step) * seq_compute_s   # over one device's 1 / seq_compute_s sequences per second
     return {"devices": p, "seqs_per_gpu": per_gpu, "step_s": step, "comm_s": comm, "fits": per_gpu >= 1,

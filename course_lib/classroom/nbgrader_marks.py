@@ -4,7 +4,7 @@ they are (instructor guide, section 6).
 Each code cell with a ``### BEGIN SOLUTION`` region is an nbgrader "autograded answer" (solution, not locked), and
 the check cell after it, the one ``python -m course_lib grade`` scores, is an "autograder test" worth 1 point
 (graded, locked). Both graders then score the same cells the same way: a check cell that runs without error earns
-its exercise's point. ``python -m course_lib.nbgrader_marks notebooks/*.ipynb`` writes the marks (run it after
+its exercise's point. ``python -m course_lib.classroom.nbgrader_marks notebooks/*.ipynb`` writes the marks (run it after
 adding an exercise); ``--check`` only says which are missing or stale.
 """
 
@@ -72,7 +72,8 @@ def apply(nb: dict) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m course_lib.nbgrader_marks", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m course_lib.classroom.nbgrader_marks",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("notebooks", nargs="+", type=Path)
     ap.add_argument("--check", action="store_true", help="report missing or stale marks, change nothing")
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """What one %%ranks cell brought back from each persistent rank: output, last value, figures, or its failure.
 
-Result assembly for course_lib/persistent_ranks.py (notebooks/05b_collectives_cell_by_cell.ipynb).
+Result assembly for persistent_ranks.py (notebooks/05b_collectives_cell_by_cell.ipynb).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def failure_class(etype: str) -> type:
     if not etype.isidentifier():
         return CellFailed
     if etype not in _FAILURE_CLASSES:
-        _FAILURE_CLASSES[etype] = type(etype, (CellFailed,), {"__module__": "course_lib.interactive"})
+        _FAILURE_CLASSES[etype] = type(etype, (CellFailed,), {"__module__": "course_lib.runtime.interactive"})
     return _FAILURE_CLASSES[etype]
 
 

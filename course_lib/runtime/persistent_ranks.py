@@ -3,8 +3,8 @@
 Built on the course's rank server rather than ipyparallel: its engines each import torch when they start, and an
 engine blocked in a C++ recv could not be interrupted; here a group starts with a fork per rank, and the stop
 button restarts a group that is stuck (``python -m course_lib bench interactive`` measures start and round trip).
-The pieces: course_lib/rank_process.py (a rank's life cycle), course_lib/rank_channel.py (requests and replies),
-course_lib/cell_result.py (what a cell brought back), course_lib/restart_policy.py (what a failure does to the group).
+The pieces: rank_process.py (a rank's life cycle), rank_channel.py (requests and replies),
+cell_result.py (what a cell brought back), restart_policy.py (what a failure does to the group).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import tempfile
 import time
 
 from . import transfer
-from ._forkserver import get_server
 from .cell_result import CellResult, CellTimeout, assemble
 from .devices import plan
+from .forkserver import get_server
 from .machine_limits import check_platform, check_world_size
 from .nccl_rules import wanted
 from .protocol import ASK_EXIT_S, CELL_SLACK_S, CELL_TIMEOUT_S, INTERRUPT_GRACE_S, SETUP_ATTEMPTS
 from .rank_channel import Channel, ok
 from .rank_process import end_ranks, payload, rank_preloads, spawn
 from .restart_policy import after_cell, after_interrupt, refusal, still_running
-from .runtime.stacks import cell_place, dump, main_frames, report
+from .stacks import cell_place, dump, main_frames, report
 
 _live: list[Ranks] = []  # every started group, stopped at interpreter exit (kernel shutdown)
 
@@ -83,7 +83,7 @@ class Ranks:
         return self
 
     def _spawn(self) -> None:
-        server = get_server((*rank_preloads(), "course_lib._interactive_rank"))
+        server = get_server((*rank_preloads(), "course_lib.runtime.interactive_rank"))
         self._rdzv = tempfile.mkdtemp(prefix="course_lib-ranks-")
         self.channel = Channel(server, [])
         with server.lock:
@@ -91,7 +91,7 @@ class Ranks:
                 self.stack_files[rank] = os.path.join(self._rdzv, f"stack-{rank}")
                 the_payload = payload(self.plan, rank, timeout=self.timeout, check_collectives=self.check,
                                       store_file=os.path.join(self._rdzv, "store"),
-                                      entry="course_lib._interactive_rank", nccl_rules=self.nccl_rules,
+                                      entry="course_lib.runtime.interactive_rank", nccl_rules=self.nccl_rules,
                                       stack_file=self.stack_files[rank])
                 the_payload["env"]["MPLBACKEND"] = "Agg"  # ranks draw headless; their figures come back as PNGs
                 self.channel.procs.append(spawn(server, the_payload, persistent=True))

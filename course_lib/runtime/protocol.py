@@ -17,7 +17,7 @@ MAX_FDS = 8  # a rank is handed 3 descriptors; the rest is headroom
 
 # ---------------------------------------------------------------- the result pipe of a one-shot rank
 STARTED = b"S"  # written when the learner's function begins: from then on a failure is never retried
-# What follows (course_lib/transfer.py) is one frame: an 8-byte length, then the pickle and the tensors' bytes.
+# What follows (transfer.py) is one frame: an 8-byte length, then the pickle and the tensors' bytes.
 
 # ---------------------------------------------------------------- exit codes of a rank process
 EXIT_OK = 0

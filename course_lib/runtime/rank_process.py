@@ -1,7 +1,7 @@
 """A rank process as the kernel sees it: its environment, how it is forked, its pipes and output, how it is ended.
 
-One life cycle for both kinds of ranks, one-shot (course_lib/launch.py) and persistent
-(course_lib/persistent_ranks.py); the rank's own side is course_lib/_rank_setup.py. docs/ARCHITECTURE.md draws it.
+One life cycle for both kinds of ranks, one-shot (launch.py) and persistent
+(persistent_ranks.py); the rank's own side is rank_setup.py. docs/ARCHITECTURE.md draws it.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import socket
 import sys
 import time
 
+from .ending import Escalation
+from .loop import Loop
 from .protocol import STARTED
-from .runtime.ending import Escalation
-from .runtime.loop import Loop
 from .transfer import Receiver
 
 PIPE_BYTES = 1 << 20  # a result pipe this large moves a big result in 1 MiB reads (Linux; elsewhere the default)

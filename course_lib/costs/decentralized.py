@@ -1,7 +1,7 @@
 """What each training scheme of notebook 11 sends per step, and its step time from the cost model.
 
 Bytes are exact for the course's implementations (every message counted by measure.traffic must equal them);
-seconds use course_lib.costmodel's alpha-beta terms on one full-duplex link per rank, the model netem emulates:
+seconds use course_lib.costs.alpha_beta's alpha-beta terms on one full-duplex link per rank, the model netem emulates:
 a rank's outgoing messages go one after another, alpha + bytes/B each. Sources: BytePS (Jiang et al. OSDI'20) and
 Patarasuk & Yuan 2009 for PS and ring all-reduce (training/projection.py); gossip sends its model to each
 out-neighbour (Lian et al. NeurIPS 2017; Ying et al. NeurIPS 2021); local SGD and DiLoCo all-reduce once per H steps
@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import costmodel
 from ..measure.netem import Link
-from . import projection
-from .compression import powersgd_sizes, ring_sent_bytes, topk_sent_bytes
-from .gossip import out_neighbours, tau
+from ..training.compression import powersgd_sizes, ring_sent_bytes, topk_sent_bytes
+from ..training.gossip import out_neighbours, tau
+from . import alpha_beta, projection
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,17 @@ def step_seconds(s: Scheme, n: int, shapes, link: Link, compute_s: float = 0.0) 
     if s.kind == "allreduce":
         return projection.ring_step(n, m, link, compute_s)
     if s.kind in ("local", "diloco"):
-        return compute_s + costmodel.ring_allreduce(n, m, a, b) / s.H
+        return compute_s + alpha_beta.ring_allreduce(n, m, a, b) / s.H
     if s.kind == "gossip":
         d = 1 if s.topology == "one-peer exponential" else len(out_neighbours(s.topology, n, 0))
         return compute_s + d * (a + m * b)      # d sends one after another on the outgoing side
     if s.kind == "powersgd":
         first, second = powersgd_sizes(shapes, s.r)
-        return compute_s + costmodel.ring_allreduce(n, 4 * first, a, b) + costmodel.ring_allreduce(n, 4 * second, a, b)
+        return (compute_s + alpha_beta.ring_allreduce(n, 4 * first, a, b)
+                + alpha_beta.ring_allreduce(n, 4 * second, a, b))
     if s.kind == "topk":
         k = max(1, int(s.k_fraction * numel))
-        return compute_s + 2 * costmodel.ring_all_gather(n, 4 * k * n, a, b)   # values, then indices
+        return compute_s + 2 * alpha_beta.ring_all_gather(n, 4 * k * n, a, b)   # values, then indices
     raise ValueError(f"unknown scheme kind {s.kind!r}")
 
 

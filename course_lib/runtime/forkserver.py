@@ -20,9 +20,9 @@ import sys
 import threading
 import time
 
+from .ending import end_tree
+from .loop import Loop, readable
 from .protocol import EXIT_CHILD_BROKEN, SERVER_START_S, recv_msg, send_msg
-from .runtime.ending import end_tree
-from .runtime.loop import Loop, readable
 
 # ---------------------------------------------------------------- server side (its own process)
 
@@ -117,13 +117,14 @@ class ForkServer:
 
     def __init__(self, preload: tuple[str, ...] = (), start_timeout: float = SERVER_START_S):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         preload = tuple(preload)
         self.preloaded = set(preload)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", f"from course_lib._forkserver import serve; serve({theirs.fileno()}, {preload!r})"],
+            [sys.executable, "-c",
+             f"from course_lib.runtime.forkserver import serve; serve({theirs.fileno()}, {preload!r})"],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,

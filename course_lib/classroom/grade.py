@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runtime.ending import end_tree
-from .runtime.loop import Loop
+from ..runtime.ending import end_tree
+from ..runtime.loop import Loop
 from .student import BEGIN, _source, exercise_ids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -278,8 +278,8 @@ def _start(job: _Job, cell_timeout: float, cwd: Path) -> None:
             "cell_timeout": cell_timeout, "cwd": str(cwd)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with job.errfile.open("w") as err:      # a file, not a pipe: a full pipe would block the worker and its kernel
-        job.proc = subprocess.Popen([sys.executable, "-c", "import json, sys; from course_lib.grade import _worker; "
-                                     "sys.exit(_worker(json.loads(sys.argv[1])))", json.dumps(args)],
+        job.proc = subprocess.Popen([sys.executable, "-c", "import json, sys; from course_lib.classroom.grade import "
+                                     "_worker; sys.exit(_worker(json.loads(sys.argv[1])))", json.dumps(args)],
                                     env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
     job.started = time.monotonic()
 

@@ -1,7 +1,7 @@
 """Persistent interactive ranks, cell by cell on every rank (notebooks/05b_collectives_cell_by_cell.ipynb).
 
-``%load_ext course_lib.interactive`` registers the ``%ranks`` / ``%%ranks`` magic (course_lib/ranks_magic.py);
-``Ranks`` is the same group without the magic (course_lib/persistent_ranks.py). This module only gathers them.
+``%load_ext course_lib`` registers the ``%ranks`` / ``%%ranks`` magic (ranks_magic.py);
+``Ranks`` is the same group without the magic (persistent_ranks.py). This module only gathers them.
 """
 
 from __future__ import annotations

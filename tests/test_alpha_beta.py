@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from course_lib import costmodel as cm
-from course_lib import hardware as hw
+from course_lib.costs import alpha_beta as cm
+from course_lib.costs import hardware as hw
 
 
 def test_lg_is_rounds_of_a_binomial_tree():

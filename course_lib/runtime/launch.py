@@ -31,17 +31,17 @@ import tempfile
 import time
 from functools import partial
 
-from ._forkserver import get_server
 from .devices import LaunchError, plan
+from .ending import Escalation
+from .forkserver import get_server
+from .loop import Loop
 from .machine_limits import check_platform, check_world_size
 from .nccl_rules import wanted
 from .protocol import DRAIN_S, SETUP_ATTEMPTS, STOP_GRACE_S, WATCH_SLACK_S
 from .rank_failure import RankFailure, first_of, resolve_frames
 from .rank_process import RankProcess, end_ranks, payload, rank_preloads, spawn
 from .results import RankFailed, RankTimeout, RunResult
-from .runtime.ending import Escalation
-from .runtime.loop import Loop
-from .runtime.stacks import dump, flight_records, main_frames, report, where
+from .stacks import dump, flight_records, main_frames, report, where
 
 RUNNING, GRACE, SIGTERM, SIGKILL, DRAINED = "running", "grace", "SIGTERM", "SIGKILL", "drained"
 
@@ -233,7 +233,7 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
     seconds. ``output``: "live" streams every rank's lines into the cell as they come, "grouped" prints them after
     the run in rank order, "none" only keeps them in the result. A world size beyond this machine's memory or
     file descriptors is refused unless ``oversubscribe=True``. ``nccl_rules=True`` (or COURSE_NCCL_RULES=1 for
-    every launch that did not choose backend="gloo") makes gloo ranks fail where NCCL would (course_lib/nccl_rules.py).
+    every launch that did not choose backend="gloo") makes gloo ranks fail where NCCL would (nccl_rules.py).
 
     The first rank to fail ends the launch: the others are stopped and RankFailed names that rank with its
     traceback. Past the timeout, RankTimeout names the ranks that had not finished. Interrupting the cell (Ctrl-C,
@@ -280,7 +280,7 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
 
 def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output, rules=False) -> _Launch:
     """Start every rank, watch them through the phases, and make sure none is left, whatever happens."""
-    server = get_server((*rank_preloads(), "course_lib._rank_main"))
+    server = get_server((*rank_preloads(), "course_lib.runtime.rank_main"))
     # The rendezvous is a FileStore in a private temporary folder: no port to collide with another kernel or
     # student, and none of the 5 s client-connect stalls we measured with TCPStore (about one connect in 25).
     rdzv = tempfile.mkdtemp(prefix="course_lib-rdzv-")
@@ -293,7 +293,8 @@ def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output, r
                 launch.stack_files[rank] = os.path.join(rdzv, f"stack-{rank}")
                 launch.ranks.append(spawn(server, payload(
                     the_plan, rank, timeout=timeout, check_collectives=check_collectives,
-                    store_file=os.path.join(rdzv, "store"), entry="course_lib._rank_main", fn=fn_bytes, init=init,
+                    store_file=os.path.join(rdzv, "store"), entry="course_lib.runtime.rank_main", fn=fn_bytes,
+                    init=init,
                     nccl_rules=rules, stack_file=launch.stack_files[rank])))
             launch.watch()
         finally:

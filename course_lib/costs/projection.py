@@ -1,6 +1,6 @@
 """Step time and scaling efficiency of synchronous PS and ring all-reduce from the cost model (notebook 10).
 
-The communication terms are course_lib.costmodel's (BytePS, Jiang et al. OSDI'20, section 3.1; Patarasuk & Yuan
+The communication terms are course_lib.costs.alpha_beta's (BytePS, Jiang et al. OSDI'20, section 3.1; Patarasuk & Yuan
 2009). One PS model, with pipelining as a switch: push then pull (the server sends new weights only after the last
 gradient is in, as course_lib.training.ps does) costs both directions of the busiest NIC one after the other;
 pipelined (BytePS: tensors cut into pieces, a piece pulled while the next is pushed) costs one direction.
@@ -8,25 +8,25 @@ pipelined (BytePS: tensors cut into pieces, a piece pulled while the next is pus
 
 from __future__ import annotations
 
-from .. import costmodel
 from ..measure.netem import Link
+from . import alpha_beta
 
 MODES = {"push then pull": False, "pipelined": True}
 
 
 def ps_step(n: int, model_bytes: float, link: Link, k_servers: int = 1, compute_s: float = 0.0,
             pipelined: bool = False) -> float:
-    """Seconds per synchronous PS step: compute + costmodel.ps_vs_allreduce's PS time (2 max(M/B, nM/(kB)) push
+    """Seconds per synchronous PS step: compute + alpha_beta.ps_vs_allreduce's PS time (2 max(M/B, nM/(kB)) push
     then pull, max(M/B, nM/(kB)) pipelined), plus the messages' latency: a worker's push (alpha) and a server
     sending its n shards one after another (n alpha)."""
-    comm = costmodel.ps_vs_allreduce(n, model_bytes, link.bandwidth, k_servers, pipelined)["ps_s"]
+    comm = alpha_beta.ps_vs_allreduce(n, model_bytes, link.bandwidth, k_servers, pipelined)["ps_s"]
     return compute_s + comm + (1 + n) * link.alpha
 
 
 def ring_step(n: int, model_bytes: float, link: Link, compute_s: float = 0.0) -> float:
     """Seconds per data-parallel step with one ring all-reduce of the whole model: compute +
-    costmodel.ring_allreduce (2(n-1) alpha + 2(n-1)/n M beta)."""
-    return compute_s + costmodel.ring_allreduce(n, model_bytes, link.alpha, link.beta)
+    alpha_beta.ring_allreduce (2(n-1) alpha + 2(n-1)/n M beta)."""
+    return compute_s + alpha_beta.ring_allreduce(n, model_bytes, link.alpha, link.beta)
 
 
 def project(ns, model_bytes: float, link: Link, compute_s: float = 0.0, k_servers=(1,),

@@ -1,6 +1,6 @@
 """Talking to persistent ranks: numbered requests over each rank's control socket, their replies, their output.
 
-The transport of course_lib/persistent_ranks.py; the rank's side is course_lib/_interactive_rank.py and the
+The transport of persistent_ranks.py; the rank's side is interactive_rank.py and the
 messages are listed in docs/ARCHITECTURE.md.
 """
 
@@ -11,9 +11,9 @@ import signal
 import time
 from functools import partial
 
+from .loop import Loop
 from .protocol import recv_msg, send_msg
 from .rank_process import RankProcess
-from .runtime.loop import Loop
 
 
 class Channel:

@@ -1,0 +1,1 @@
+"""Cost models: every formula the course predicts with (alpha-beta, PS vs all-reduce, decentralized, layouts)."""
