@@ -6,7 +6,7 @@ How a checker for a new exercise is written (one module per notebook, named afte
   why=, library=, traffic=, in_place=)`` (core.py): one launch per world size runs every (size, dtype) case; on
   every rank the reference first, then the learner's function on the same input. ``forbid`` names the collectives
   switched off while the learner's code runs ("all", "all_reduce", "broadcast", "send_recv", ...; the table is
-  c10d_names.COLLECTIVES; ``c10d_names.everything_but("all_reduce")`` for an exercise about one of them),
+  c10d_ops.COLLECTIVES; ``c10d_ops.everything_but("all_reduce")`` for an exercise about one of them),
   ``why`` completes the refusal "Exercise 6.1 is about <why>; dist.all_reduce is switched off here.",
   ``library`` lists dotted paths of course functions that hold the answer (switched off the same way),
   ``traffic(case, records)`` returns a message (with the measured figures) when the method is wrong, None when

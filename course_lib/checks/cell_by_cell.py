@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..measure.c10d_ops import everything_but
 from ..runtime.results import RankFailed
-from .c10d_names import everything_but
 from .core import ExerciseFailed, not_attempted, passed, with_hint
 
 _RESULT = "_course_check_result"

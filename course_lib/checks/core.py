@@ -254,7 +254,7 @@ def check_collective(
 
     ``make_input(rank, world_size, size, dtype)`` builds each rank's input; both functions return what the rank
     holds afterwards (a tensor or a list of tensors). ``forbid`` names collectives switched off while the learner
-    runs ('all', 'all_reduce', 'send_recv', ...: c10d_names.COLLECTIVES), ``why`` completes "<exercise> is about
+    runs ('all', 'all_reduce', 'send_recv', ...: c10d_ops.COLLECTIVES), ``why`` completes "<exercise> is about
     ...", ``library`` lists library functions (dotted paths) switched off. ``in_place``: the input tensor itself
     must hold the result. ``traffic(case, records)`` gets every rank's traffic record (traffic.py) and returns a
     message when the method is wrong. Raises ExerciseFailed on the first wrong case. One launch per world size.

@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
+from ..measure.c10d_ops import everything_but
 from ..training import tolerance
 from ..training.model import flat_params
-from .c10d_names import everything_but
 from .core import ExerciseFailed, launch_checked, passed, watched_call, with_hint
 from .debugging_data import BATCH, HIDDEN, LR, STEPS, _dev, _secret_batch
 from .traffic import summary

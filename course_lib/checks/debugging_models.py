@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
+from ..measure.c10d_ops import everything_but
 from ..runtime.launch import run
 from ..runtime.results import RankFailed
 from ..training import tolerance
 from ..training.pipeline_schedules import one_f_one_b_order
-from .c10d_names import everything_but
 from .core import ExerciseFailed, explain, launch_checked, learner_rules, passed, watched_call, with_hint
 from .debugging_data import _dev, _secret_batch
 from .traffic import summary

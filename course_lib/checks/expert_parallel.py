@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from ..measure.c10d_ops import everything_but
 from ..runtime.launch import run
 from ..runtime.results import RankFailed
-from .c10d_names import everything_but
 from .core import ExerciseFailed, not_attempted, passed
 
 # ------------------------------------------------------------------ shared

@@ -11,8 +11,8 @@ from functools import partial
 
 import torch
 
+from ..measure.c10d_ops import everything_but
 from ..runtime.results import RankFailed
-from .c10d_names import everything_but
 from .core import ExerciseFailed, _fmt, check_collective, not_attempted, passed, with_hint
 from .traffic import summary
 

@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..measure.c10d_ops import everything_but
 from ..runtime.devices import device
 from ..training.adam import adam_step
 from ..training.data import combined_batch, load_digits, worker_batch
 from ..training.model import flat_params, make_mlp
 from ..training.zero import run_schemes
-from .c10d_names import everything_but
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
 
 STEPS, BATCH, HIDDEN = 3, 16, 32     # hidden 32: 3466 parameters, a 10-row layer: uneven over 3 and 4 ranks

@@ -4,7 +4,7 @@ An exercise that asks for all-reduce built from send/recv proves nothing if ``di
 ``switched_off(...)`` makes every road to a forbidden collective fail with a sentence naming the exercise: the
 Python names (``dist.all_reduce``, ``dist.distributed_c10d.all_reduce``) are replaced, and a TorchDispatchMode stops
 the c10d operators they all end in (so the ProcessGroup object, ``_functional_collectives`` and ``torch.ops.c10d``
-are stopped too; c10d_names.py lists them). Library functions that already hold an exercise's answer (the
+are stopped too; measure/c10d_ops.py lists them). Library functions that already hold an exercise's answer (the
 course's own ring, ``per_rank_bytes``) are switched off by swapping their code for a stub while the block runs.
 A learner who catches the error and carries on still fails: every attempt is remembered and raised at the end.
 """
@@ -16,7 +16,7 @@ import os
 import sys
 from contextlib import contextmanager
 
-from .c10d_names import COLLECTIVES, OP_TO_COLLECTIVE, expand, op_key
+from ..measure.c10d_ops import COLLECTIVES, OP_TO_COLLECTIVE, expand, op_key
 
 
 class SwitchedOff(RuntimeError):
@@ -153,7 +153,7 @@ def library_stubs(paths, exercise: str, why: str = "", launchers: bool = False):
 @contextmanager
 def switched_off(exercise: str, forbid=(), why: str = "", library=(), launching: bool = True):
     """Within the block, the collectives named in ``forbid`` ('all', 'all_reduce', 'send_recv', ...; see
-    c10d_names.COLLECTIVES) and the library functions in ``library`` (dotted paths) raise SwitchedOff with
+    c10d_ops.COLLECTIVES) and the library functions in ``library`` (dotted paths) raise SwitchedOff with
     "<exercise> is about <why>; <what> is switched off here." Raised at the end too if the learner caught it.
     ``launching``: every way of starting ranks or processes (LAUNCHERS, os.fork, os.system, ...) is off too."""
     forbidden = set(expand(forbid))

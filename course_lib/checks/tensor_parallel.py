@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .c10d_names import everything_but
+from ..measure.c10d_ops import everything_but
 from .core import ExerciseFailed, launch_checked, passed, watched_call, with_hint
 
 CASES = [(2, 6, 8), (3, 6, 12)]     # (world size, in features, out features): even and odd p, each divides evenly

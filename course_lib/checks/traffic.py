@@ -16,26 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .c10d_names import OP_TO_COLLECTIVE, RECVS, SENDS, op_key
+from ..measure.c10d_ops import OP_TO_COLLECTIVE, RECVS, SENDS, group_of, nbytes, op_key
 from .switch_off import _classes, _dispatch_mode_base
-
-
-def _nbytes(x) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(v) for v in x)
-    return 0
-
-
-def _group(args):
-    for a in args:
-        if isinstance(a, torch.ScriptObject):
-            try:
-                return dist.ProcessGroup.unbox(a)
-            except RuntimeError:           # a ReduceOp or an options object, not the group
-                continue
-    return None
 
 
 def _reduce_op(args) -> str | None:
@@ -87,23 +69,23 @@ class _Recorder:
         out = func(*args, **kwargs)
         if key in SENDS or key in RECVS:
             tensors = args[0] if args else kwargs.get("tensors", kwargs.get("input"))
-            group = _group(args)
+            group = group_of(args)
             ints = [a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)]
             peer = -1 if key == "c10d.recv_any_source_" else _global(group, ints[0] if ints else None)
             if key in SENDS:
-                self.sends.append([peer, _nbytes(tensors), len(self.completed)])
+                self.sends.append([peer, nbytes(tensors), len(self.completed)])
                 self._remember(out, ("send", None))
             else:
-                self.recvs.append([peer, _nbytes(tensors)])
+                self.recvs.append([peer, nbytes(tensors)])
                 if key.startswith("_c10d_functional"):      # completes at wait_tensor: count it as done now
                     self.completed.append(len(self.recvs) - 1)
                 else:
                     self._remember(out, ("recv", len(self.recvs) - 1))
         elif key in OP_TO_COLLECTIVE:
-            group = _group(list(args) + list(kwargs.values()))
+            group = group_of(list(args) + list(kwargs.values()))
             size = group.size() if group is not None else dist.get_world_size()
             tensors = [a for a in args if isinstance(a, (torch.Tensor, list))]
-            self.collectives.append([OP_TO_COLLECTIVE[key], max((_nbytes(t) for t in tensors), default=0), size,
+            self.collectives.append([OP_TO_COLLECTIVE[key], max((nbytes(t) for t in tensors), default=0), size,
                                      _reduce_op(args)])
         return out
 

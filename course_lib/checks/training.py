@@ -15,13 +15,13 @@ from torch import nn
 
 from .. import device
 from ..costs import alpha_beta
+from ..measure.c10d_ops import everything_but
 from ..training import tolerance
 from ..training.allreduce import dp_train
 from ..training.data import combined_batch, load_digits, shard_indices, worker_batch
 from ..training.model import flat_grads, flat_params, make_mlp, set_flat_params
 from ..training.ps import ps_train
 from .algorithms import LAUNCHERS, RING_SHORTCUTS
-from .c10d_names import everything_but
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
 from .traffic import summary
 

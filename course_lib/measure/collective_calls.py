@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
-         "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all", "all_to_all_single")
+from .c10d_ops import ALL_COLLECTIVES, COLLECTIVES
+
+# every tensor collective's torch.distributed name (object collectives pickle, their tensors are not the caller's)
+NAMES = tuple(n for c in ALL_COLLECTIVES for n in COLLECTIVES[c][0] if "object" not in n and not n.startswith("_"))
 
 
 @dataclass
@@ -34,7 +36,9 @@ def counted(names=NAMES):
 
     def wrap(name, fn):
         def call(tensor, *args, **kwargs):
-            t = tensor[0] if isinstance(tensor, list | tuple) else tensor
+            t = tensor
+            while isinstance(t, list | tuple):  # a list collective: its first tensor
+                t = t[0]
             calls.append(Call(name, t.numel(), t.numel() * t.element_size()))
             return fn(tensor, *args, **kwargs)
         return call

@@ -17,56 +17,16 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# operator name (without overload) -> (collective, which tensor argument holds the full size S)
-_OPS = {
-    "c10d.allreduce_": ("all_reduce", "first"),
-    "c10d.broadcast_": ("broadcast", "first"),
-    "c10d.reduce_": ("reduce", "first"),
-    "c10d.allgather_": ("all_gather", "out_list"),
-    "c10d._allgather_base_": ("all_gather", "first"),
-    "c10d.allgather_into_tensor_coalesced_": ("all_gather", "first"),
-    "c10d.reduce_scatter_": ("reduce_scatter", "in_list"),
-    "c10d._reduce_scatter_base_": ("reduce_scatter", "second"),
-    "c10d.reduce_scatter_tensor_coalesced_": ("reduce_scatter", "second"),
-    "c10d.alltoall_base_": ("all_to_all", "first"),
-    "_c10d_functional.all_reduce": ("all_reduce", "input"),
-    "_c10d_functional.all_reduce_": ("all_reduce", "input"),
-    "_c10d_functional.all_gather_into_tensor": ("all_gather", "input_times_p"),
-    "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", "input"),
-    "_c10d_functional.broadcast": ("broadcast", "input"),
-    "_c10d_functional.all_to_all_single": ("all_to_all", "input"),
-}
+from .c10d_ops import OP_TO_COLLECTIVE, family, group_of, op_key, size_of
 
 # bytes one rank sends under the ring algorithm, as a multiple of (p-1)/p * S
-RING_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "all_to_all": 1}
-
-
-def _bytes(t) -> int:
-    if isinstance(t, torch.Tensor):
-        return t.numel() * t.element_size()
-    return sum(_bytes(x) for x in t)
-
-
-def _group_size(args) -> int:
-    """Size of the process group the operator runs on (the world when it cannot be told)."""
-    for a in args:
-        if isinstance(a, torch.ScriptObject):
-            try:
-                return dist.ProcessGroup.unbox(a).size()
-            except RuntimeError:       # the ReduceOp or options object, not the group
-                continue
-    for a in args:
-        if isinstance(a, str):
-            try:
-                return dist.distributed_c10d._resolve_process_group(a).size()
-            except (RuntimeError, ValueError, KeyError):
-                continue
-    return dist.get_world_size()
+# (gather and scatter: the busiest rank of a chain to or from the root passes on p-1 of the p pieces)
+RING_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "gather": 1, "scatter": 1}
 
 
 @dataclass
 class Call:
-    op: str            # all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all
+    op: str            # all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, gather, scatter
     size: int          # S in bytes, as nccl-tests counts it
     p: int             # ranks in the group
 
@@ -89,18 +49,13 @@ class CommLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = f"{func.namespace}.{func.__name__.split('.')[0]}"
-        if name in _OPS:
-            op, where = _OPS[name]
-            p = _group_size(list(args) + list(kwargs.values()))
-            tensors = [a for a in args if isinstance(a, torch.Tensor | list)]
-            size = {"first": lambda: _bytes(tensors[0]), "second": lambda: _bytes(tensors[1]),
-                    "input": lambda: _bytes(tensors[0]), "input_times_p": lambda: _bytes(tensors[0]) * p,
-                    "out_list": lambda: _bytes(tensors[0][0]) if tensors[0] and isinstance(tensors[0][0], list)
-                    else _bytes(tensors[0]),
-                    "in_list": lambda: _bytes(tensors[1][0]) if tensors[1] and isinstance(tensors[1][0], list)
-                    else _bytes(tensors[1])}[where]()
-            self.calls.append(Call(op, size, p))
+        name = op_key(func)
+        if name in OP_TO_COLLECTIVE:
+            group = group_of(list(args) + list(kwargs.values()))
+            p = group.size() if group is not None else dist.get_world_size()
+            size = size_of(name, [a for a in args if isinstance(a, torch.Tensor | list)], p)
+            if size is not None:  # point-to-point messages are not collectives: checks/traffic.py counts them
+                self.calls.append(Call(family(OP_TO_COLLECTIVE[name]), size, p))
         return func(*args, **kwargs)
 
     def summary(self) -> dict:
