@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.classroom.grade import execute
 from course_lib.classroom.student import BEGIN, COURSE_NOTEBOOKS, END, cells_needed, main, strip_solutions
+from course_lib.classroom.submission import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

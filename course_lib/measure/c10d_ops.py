@@ -68,6 +68,14 @@ NOT_RECORDED = {
     "c10d.monitored_barrier_": "a barrier moves no data",
     "c10d.check_for_nan": "a local check of a tensor, no communication",
     "_c10d_functional.wait_tensor": "waits for a functional collective already recorded when it was issued",
+    "_c10d_functional._wrap_tensor_autograd": "wraps a tensor for autograd, no communication",
+    "_dtensor.mesh_get_process_group": "looks up a device mesh's group, no communication",
+    # differentiable functional collectives: their forward calls the _c10d_functional operator of the same name,
+    # which is recorded; recording both would count each call twice
+    "_c10d_functional_autograd.all_gather_into_tensor": "its forward is _c10d_functional.all_gather_into_tensor",
+    "_c10d_functional_autograd.reduce_scatter_tensor": "its forward is _c10d_functional.reduce_scatter_tensor",
+    "_c10d_functional_autograd.all_to_all_single": "its forward is _c10d_functional.all_to_all_single",
+    "symm_mem": "the whole namespace: CUDA symmetric-memory kernels, which no gloo rank and no lesson reaches",
     "barrier": "moves no data", "monitored_barrier": "moves no data",
 }
 

@@ -212,7 +212,7 @@ def learner_line() -> str:
     fallback, frame = None, sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not in_torch(name) and not name.endswith(("nccl_order.py", "nccl_rules.py")):
+        if not in_torch(name) and not name.endswith(("nccl_order.py", "nccl_rules.py", "nccl_host.py")):
             where = f"{frame.f_code.co_name}, line {frame.f_lineno}"
             if not name.startswith(course):
                 return where

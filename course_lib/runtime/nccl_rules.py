@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 
-from .nccl_order import Order, Unit, Waited, in_torch, learner_line
+from .nccl_host import FACTORIES, factory, host_class, made_any
+from .nccl_order import Order, Unit, Waited, learner_line
 
 ENV = "COURSE_NCCL_RULES"
 
@@ -60,8 +60,6 @@ _BAD_OPS = ("BAND", "BOR", "BXOR")
 # dtypes NCCLUtils.hpp's ncclDataType table maps (torch 2.13); anything else raises there
 _NCCL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool",
                 "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz")
-_FACTORIES = ("ones", "zeros", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
-              "eye", "tensor", "as_tensor", "from_numpy")
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
                 "all_reduce_coalesced", "all_gather_coalesced")
@@ -102,81 +100,10 @@ def _dist():
     return dist
 
 
-# ---- host tensors: a CPU tensor that would still be on the CPU on a GPU machine --------------------------------
-
-_host_cls: list = []
-_AS_PLAIN = ("__repr__", "__str__", "__format__", "__reduce_ex__", "__deepcopy__", "tolist", "numpy", "item")
-
-
-def _host_class():
-    """HostTensor: made by a factory without device=; what is computed from host tensors alone stays one."""
-    if not _host_cls:
-        import torch
-        from torch.utils._pytree import tree_flatten
-
-        class HostTensor(torch.Tensor):
-            @classmethod
-            def __torch_function__(cls, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                name = getattr(func, "__name__", "")
-                if name in _AS_PLAIN:  # printing, pickling, leaving torch: exactly as a plain tensor does
-                    return func(_plain(args[0]), *args[1:], **kwargs)
-                with torch._C.DisableTorchFunctionSubclass():
-                    out = func(*args, **kwargs)
-                if name in ("to", "cuda") and (len(args) > 1 or "device" in kwargs):
-                    return _plain(out)  # moved to the rank's device
-                inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-                # On a GPU, an op with any tensor on the device (a 0-dim CPU scalar aside) runs on the device.
-                if any(type(a) is not cls and a.dim() > 0 for a in inputs):
-                    return out
-                made = next((a._made_at for a in inputs if type(a) is cls), "a factory")
-                if isinstance(out, torch.Tensor) and type(out) is not cls:
-                    out = out.as_subclass(cls)
-                    out._made_at = made
-                elif isinstance(out, (tuple, list)) and type(out) in (tuple, list):
-                    out = type(out)(_mark(o, cls, made) for o in out)
-                return out
-
-        _host_cls.append(HostTensor)
-    return _host_cls[0]
-
-
-def _mark(t, cls, made):
-    import torch
-
-    if isinstance(t, torch.Tensor) and type(t) is torch.Tensor:
-        t = t.as_subclass(cls)
-        t._made_at = made
-    return t
-
-
-def _plain(x):
-    import torch
-
-    if isinstance(x, torch.Tensor) and _host_cls and type(x) is _host_cls[0]:
-        return x.as_subclass(torch.Tensor)
-    return x
-
-
-def _factory(name: str, orig):
-    def made(*args, **kwargs):
-        t = orig(*args, **kwargs)
-        caller = sys._getframe(1).f_code.co_filename
-        explicit_cpu = kwargs.get("device") == "cpu"
-        if ((kwargs.get("device") is None or explicit_cpu) and not t.requires_grad and t.device.type == "cpu"
-                and not in_torch(caller)):
-            t = t.as_subclass(_host_class())
-            t._made_at = f"torch.{name}(...) in {learner_line()}"
-        return t
-
-    made.__wrapped__ = orig
-    return made
-
-
 def _check_tensors(name: str, tensors) -> None:
     import torch
 
-    host = _host_cls[0] if _host_cls else None
+    host = host_class() if made_any() else None
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             continue
@@ -404,7 +331,7 @@ def install(rank: int, timeout: float) -> None:
         setattr(c10d, name, fn)
         if getattr(dist, name, None) is _State.original[name]:
             setattr(dist, name, fn)
-    for name in _FACTORIES:
+    for name in FACTORIES:
         orig = getattr(torch, name)
         _State.original[f"torch.{name}"] = orig
-        setattr(torch, name, _factory(name, orig))
+        setattr(torch, name, factory(name, orig))

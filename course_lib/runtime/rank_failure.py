@@ -153,7 +153,7 @@ class RankFailure:
         if not self.frames:
             return self.traceback
         # the NCCL-rules mode's own frames (its checks) teach nothing: the learner's call above them is the story
-        frames = [f for f in self.frames if not f[0].endswith(("nccl_rules.py", "nccl_order.py"))]
+        frames = [f for f in self.frames if not f[0].endswith(("nccl_rules.py", "nccl_order.py", "nccl_host.py"))]
         own = [i for i, f in enumerate(frames) if not _in_torch(f[0])]
         keep = frames[: own[-1] + 1] if own else frames
         lines = [f"Traceback of rank {self.rank} (most recent call last):"]
