@@ -1,6 +1,6 @@
 """Every way into the answer an exercise asks for stays shut while the learner's code runs: the private halves of the
 course's own collectives (4.2, 4.3, 6.1), every library function that returns a ring's bytes (6.2, 10.1), torch's
-own bucketed all-reduce (9.2), the course's loss scaler (14.3), gossip's neighbour tables (11.2) and the
+own bucketed all-reduce (9.2), the course's loss scaler (14b.1), gossip's neighbour tables (11.2) and the
 tensor-parallel layers' constructors (13.1); each refusal names what was switched off."""
 
 import pytest

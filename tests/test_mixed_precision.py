@@ -1,5 +1,5 @@
 """Mixed precision (notebook 14): 2 + 2 + 12 = 16 bytes per parameter measured, loss scaling keeps fp16 gradients,
-the course's LossScaler follows torch.amp.GradScaler step by step (the checker of exercise 14.3 relies on it)."""
+the course's LossScaler follows torch.amp.GradScaler step by step (the checker of exercise 14b.1 relies on it)."""
 
 import torch
 from torch import nn

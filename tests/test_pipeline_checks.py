@@ -171,7 +171,7 @@ def test_14_3_injects_nan_refuses_torchs_kernels_and_passes_another_correct_step
                                              r"is switched off here"):
         check_loss_scaling(_torch_kernels)
     check_loss_scaling(_sum_of_flags)
-    assert "✓ Exercise 14.3" in capsys.readouterr().out
+    assert "✓ Exercise 14b.1" in capsys.readouterr().out
 
 
 def test_14_3_says_the_courses_scaler_is_switched_off_and_its_hint_holds_no_algorithm():

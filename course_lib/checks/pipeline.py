@@ -1,7 +1,7 @@
-"""Checkers for the exercises of notebook 14: the bubble formula, the 1F1B order, loss scaling across stages.
+"""Checkers for the exercises of notebooks 14 and 14b: the bubble formula, the 1F1B order, loss scaling across stages.
 
 14.1 and 14.2 replay schedules on the ideal clock of course_lib.training.pipeline.simulate (forward 1 slot,
-backward 2, messages free) and, for 14.2, run the learner's order on real ranks with send/recv; 14.3 runs the
+backward 2, messages free) and, for 14.2, run the learner's order on real ranks with send/recv; 14b.1 runs the
 learner's loss-scaled step on real ranks, one stage each, an inf or a NaN injected on one stage only, against
 GradScaler's rules (training.mixed_precision.LossScaler), counting the collectives with CommLog. While the learner's
 code runs, the library functions that hold an answer, torch's GradScaler and its two kernels
@@ -162,7 +162,7 @@ def check_one_f_one_b(one_f_one_b_order, exercise: str = "Exercise 14.2 (the 1F1
                      "for p = 2..5, m = 1..9; on 2 and 4 real ranks the weights equal single-process SGD")
 
 
-# ---------------------------------------------------------------------------------------------- 14.3
+# ---------------------------------------------------------------------------------------------- 14b.1
 STEPS = 8
 OVERFLOW = {2: (1, float("inf")), 3: (0, float("nan")), 5: (1, float("nan"))}   # step -> (the one stage, its bad value)
 AMP_KERNELS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_")   # GradScaler's own, as torch ops
@@ -203,12 +203,12 @@ def _loss_scaling_case(learner, growth_interval, lr):
         if bad_rank == rank:
             stage.weight.grad[0, 0] = bad
         with CommLog() as log:
-            with _switched_off("Exercise 14.3", "loss scaling by hand",
+            with _switched_off("Exercise 14b.1", "loss scaling by hand",
                                library=["torch.amp.grad_scaler.GradScaler.unscale_",
                                         "torch.amp.grad_scaler.GradScaler.step",
                                         "torch.amp.grad_scaler.GradScaler.update",
                                         "course_lib.training.mixed_precision.LossScaler.update"]), \
-                    _no_amp_kernels("Exercise 14.3"):
+                    _no_amp_kernels("Exercise 14b.1"):
                 stepped = learner(stage, lr, scaler)
         history.append((bool(stepped), scaler["scale"], scaler["good_steps"], [c.op for c in log.calls],
                         [q.detach().cpu().clone() for q in stage.parameters()]))
@@ -233,7 +233,7 @@ def _reference_history(rank, growth_interval, lr):
     return out
 
 
-def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14.3 (loss scaling across stages)") -> None:
+def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss scaling across stages)") -> None:
     """`scaled_sgd_step(stage, lr, scaler)` on every pipeline stage: the stage's .grad hold gradients of
     loss x scaler["scale"]; unscale, skip the step on every stage if any stage's gradients hold inf/NaN (one
     all_reduce), update scaler["scale"] and scaler["good_steps"] by GradScaler's rules; return whether it stepped."""

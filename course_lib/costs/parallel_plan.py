@@ -1,4 +1,4 @@
-"""Memory per GPU and step time of a transformer under data, ZeRO, tensor and pipeline parallelism (notebook 14).
+"""Memory per GPU and step time of a transformer under data, ZeRO, tensor and pipeline parallelism (notebook 14b).
 
 Model states: 2 + 2 + 12 = 16 bytes per parameter in mixed precision with Adam (ZeRO, Rajbhandari et al. SC'20,
 section 3.1), the parameters split over tp x pp GPUs, and ZeRO stage 1/2/3 sharding the optimizer state (+ the

@@ -1,4 +1,4 @@
-"""Activation memory: the bytes autograd keeps for backward, counted from saved-tensor hooks (notebook 14).
+"""Activation memory: the bytes autograd keeps for backward, counted from saved-tensor hooks (notebook 14b).
 
 `ActivationMeter` sees every tensor an op saves for its backward (torch.autograd.graph.saved_tensors_hooks) and
 holds it in a small object whose deletion tells the meter the tensor was released, so `live` and `peak` follow what

@@ -1,4 +1,4 @@
-"""Mixed precision: 16-bit compute, fp32 master weights, loss scaling, and the bytes each keeps (notebook 14).
+"""Mixed precision: 16-bit compute, fp32 master weights, loss scaling, and the bytes each keeps (notebook 14b).
 
 Micikevicius et al., "Mixed Precision Training", ICLR 2018: compute in fp16, keep an fp32 master copy of the weights
 for the update (section 3.1), and scale the loss so that small gradients do not flush to zero in fp16 (section 3.2).

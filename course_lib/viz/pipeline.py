@@ -1,4 +1,4 @@
-"""Pipeline schedules, bubbles, activation memory, gradient ranges and parallel layouts, drawn (notebook 14).
+"""Pipeline schedules, bubbles, activation memory, gradient ranges and parallel layouts, drawn (notebooks 14 and 14b).
 
 Draws what it is handed (course_lib.training.pipeline schedules and timelines, measured bytes, the calculator's
 plans); launches nothing.
