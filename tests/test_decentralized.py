@@ -210,3 +210,19 @@ def test_projection_is_flat_for_gossip_and_local_sgd_and_grows_for_ps():
     assert at["sync PS"][2] > 200 * at["sync PS"][0]
     assert at["local SGD, H=16"][2] < at["all-reduce DP"][2] / 15
     assert flat_params(make_mlp()).numel() * 4 == 340008
+
+
+def test_the_tree_all_reduce_pays_log_p_latency_and_twice_the_model():
+    # NCCL's double binary tree (NVIDIA/nccl issue 457: each GPU sends 2*S; lg p levels up and down)
+    from course_lib.costs import alpha_beta
+    from course_lib.costs.decentralized import MODEL_ONLY
+    from course_lib.measure import netem
+
+    tree, ring = MODEL_ONLY["all-reduce DP, tree"], SCHEMES["all-reduce DP"]
+    assert alpha_beta.double_tree_allreduce(1024, 1e6, 1e-4, 1e-9) == 2 * 10 * 1e-4 + 2 * 1e6 * 1e-9
+    shapes = [(256, 64), (256,), (256, 256), (256,), (10, 256), (10,)]
+    slow = netem.link("100 MbE")
+    # at 4 workers the ring's 2(p-1)/p M beats the tree's 2M; at 1024 the ring's 2(p-1) alphas lose to 2 lg p
+    assert step_seconds(ring, 4, shapes, slow) < step_seconds(tree, 4, shapes, slow)
+    assert step_seconds(tree, 1024, shapes, slow) < step_seconds(ring, 1024, shapes, slow)
+    assert sent_per_step(tree, 8, shapes) == 2 * 4 * sum(math.prod(s) for s in shapes)

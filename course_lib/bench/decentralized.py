@@ -1,4 +1,4 @@
-"""Notebook 11's schemes side by side on 4 workers: loss reached, bytes per step, step time on a fast and a slow
+"""Notebook 11b's schemes side by side on 4 workers: loss reached, bytes per step, step time on a fast and a slow
 emulated link, and one straggler (a worker 3x slower to compute).
 
     python -m course_lib.bench.decentralized --steps 192 --repeats 3 --out data/decentralized_4workers.csv
@@ -207,7 +207,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=192, help="steps of the loss run (a multiple of 16)")
     p.add_argument("--repeats", type=int, default=3, help="timing runs per scheme; the fastest counts")
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES),
-                   help="which schemes (the timing runs are for those of notebook 11's side by side)")
+                   help="which schemes (the timing runs are for those of notebook 11b's side by side)")
     p.add_argument("--out", default=None, help="write the rows to this CSV file")
     p.add_argument("--machine", default="this machine",
                    help="the machine and its load, stored in every row (cores, CPU, what else was running)")

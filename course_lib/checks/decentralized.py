@@ -1,9 +1,9 @@
-"""Checkers for the exercises of notebook 11 (decentralized training: gossip, local SGD and DiLoCo).
+"""Checkers for the exercises of notebooks 11 and 11b (gossip; local SGD and DiLoCo).
 
 11.1 compares the learner's rounds to consensus with the library's on mixing matrices that trap the usual
 mistakes; 11.2 runs the learner's one-peer gossip round on real ranks with every collective switched off and
 checks each round's result (against the mixing matrix, Ying et al. NeurIPS 2021) and its messages (one send, to the
-right peer); 11.3 trains DiLoCo with the learner's outer step against a single-process DiLoCo and counts its
+right peer); 11b.1 trains DiLoCo with the learner's outer step against a single-process DiLoCo and counts its
 all-reduces, naming the variant a wrong answer reproduces.
 """
 
@@ -180,7 +180,7 @@ def _variants(p: int):
 
 
 def check_diloco_outer_step(diloco_outer_step,
-                            exercise: str = "Exercise 11.3 (DiLoCo's outer step)") -> None:
+                            exercise: str = "Exercise 11b.1 (DiLoCo's outer step)") -> None:
     """`diloco_outer_step(flat, anchor, momentum)`: average anchor - flat over ranks with ONE dist.all_reduce, take
     a Nesterov step (lr local_sgd.OUTER_LR, momentum local_sgd.OUTER_MOMENTUM) on `anchor` in place, and set `flat`
     to it in place. DiLoCo (H=4, 12 steps, AdamW inner steps) on 2 and 3 real ranks must end with a single-process

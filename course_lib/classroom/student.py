@@ -42,6 +42,7 @@ COURSE_NOTEBOOKS = (
     "09_all_reduce_data_parallel.ipynb",
     "10_ps_vs_all_reduce.ipynb",
     "11_decentralized_training.ipynb",
+    "11b_local_sgd_diloco_compression.ipynb",
     "12_sharded_data_parallel.ipynb",
     "13_tensor_parallel.ipynb",
     "14_pipeline_parallel.ipynb",

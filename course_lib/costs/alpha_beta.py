@@ -71,6 +71,16 @@ def tree_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: flo
     return binomial_reduce(p, n_bytes, alpha, beta, gamma) + binomial_broadcast(p, n_bytes, alpha, beta)
 
 
+def double_tree_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """NCCL's tree all-reduce, pipelined over two binary trees: 2 lg p alpha + 2 n beta + n gamma.
+
+    A rank is inside one tree and a leaf of the other, each tree carrying half the data: it sends about 2n in all
+    (an NCCL developer, NVIDIA/nccl issue 457: "for tree it would be 2*S"), against the ring's 2(p-1)/p n, and a
+    chunk climbs lg p levels to the root and comes down lg p (Sanders, Speck & Traff 2009, two-tree algorithms).
+    """
+    return 2 * lg(p) * alpha + 2 * n_bytes * beta + n_bytes * gamma
+
+
 def star_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
     """Naive star: the root receives p-1 tensors, reduces, sends p-1 back over its one link (2(p-1) n bytes).
 

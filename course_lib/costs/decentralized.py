@@ -1,4 +1,4 @@
-"""What each training scheme of notebook 11 sends per step, and its step time from the cost model.
+"""What each training scheme of notebook 11b sends per step, and its step time from the cost model.
 
 Bytes are exact for the course's implementations (every message counted by measure.traffic must equal them);
 seconds use course_lib.costs.alpha_beta's alpha-beta terms on one full-duplex link per rank, the model netem emulates:
@@ -43,7 +43,9 @@ SCHEMES = {
     "PowerSGD, r=4": Scheme("powersgd", r=4),
     "top-k 10%": Scheme("topk", k_fraction=0.1),
 }
-# the side by side of notebook 11 (the last three only enter its compression figure)
+# in the cost model only (nothing here trains with it): NCCL's other all-reduce algorithm, a pipelined double tree
+MODEL_ONLY = {"all-reduce DP, tree": Scheme("allreduce", topology="tree")}
+# the side by side of notebook 11b (the last three only enter its compression figure)
 MAIN = tuple(SCHEMES)[:8]
 
 
@@ -54,6 +56,8 @@ def sent_per_step(s: Scheme, p: int, shapes, rank: int = 0) -> float:
     m = 4 * numel
     if s.kind == "ps":
         return p * m if rank == 0 else m
+    if s.kind == "allreduce" and s.topology == "tree":
+        return 2 * m if p > 1 else 0.0                                      # the root sends m, everyone else 2m
     if s.kind in ("allreduce", "local", "diloco"):
         return ring_sent_bytes(numel, p, rank) / s.H
     if s.kind == "gossip":
@@ -73,6 +77,8 @@ def step_seconds(s: Scheme, n: int, shapes, link: Link, compute_s: float = 0.0) 
     m, a, b = 4 * numel, link.alpha, link.beta
     if s.kind == "ps":
         return projection.ps_step(n, m, link, 1, compute_s)
+    if s.kind == "allreduce" and s.topology == "tree":
+        return compute_s + alpha_beta.double_tree_allreduce(n, m, a, b)
     if s.kind == "allreduce":
         return projection.ring_step(n, m, link, compute_s)
     if s.kind in ("local", "diloco"):

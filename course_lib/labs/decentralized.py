@@ -1,4 +1,4 @@
-"""Lab: notebook 11's decentralized trainers under torchrun, the same code on one node or across nodes.
+"""Lab: the decentralized trainers of notebooks 11 and 11b under torchrun, the same code on one node or across nodes.
 
     torchrun --standalone --nproc-per-node=4 -m course_lib.labs.decentralized --arch gossip|localsgd|diloco|powersgd
 

@@ -1,4 +1,4 @@
-"""Count the torch.distributed collectives a rank calls, from any thread (notebook 11: DDP's PowerSGD hook).
+"""Count the torch.distributed collectives a rank calls, from any thread (notebook 11b: DDP's PowerSGD hook).
 
 CommLog (comm_log.py) sees collectives through a dispatch mode, which is thread-local: a DDP communication hook's
 later all-reduces run in callbacks on gloo's threads, outside it. Wrapping the functions of the torch.distributed

@@ -1,4 +1,4 @@
-"""Sending less: top-k sparsification with error feedback, and rank-r PowerSGD (notebook 11).
+"""Sending less: top-k sparsification with error feedback, and rank-r PowerSGD (notebook 11b).
 
 Top-k with error feedback (Stich, Cordonnier & Jaggi, "Sparsified SGD with Memory", NeurIPS 2018, Algorithm 1, one
 worker's; here every rank keeps its own memory and the ranks average what they send): each rank adds lr * gradient

@@ -1,4 +1,4 @@
-"""Local SGD and DiLoCo: H steps alone, then one average (notebook 11).
+"""Local SGD and DiLoCo: H steps alone, then one average (notebook 11b).
 
 Local SGD (Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019): every rank takes H plain SGD steps
 on its own shard, then the models are averaged with one all-reduce: 1/H of data parallel's messages. With H = 1 it
@@ -77,7 +77,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     eval_every > 0: at each sync whose step is a multiple of it, rank 0 records (step, bytes sent so far, training
     seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `straggler`: (rank,
     factor[, compute_s]) for straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
-    (exercise 11.3). dtype=torch.float64 for comparisons with `simulate` that float32 cannot decide (AdamW:
+    (exercise 11b.1). dtype=torch.float64 for comparisons with `simulate` that float32 cannot decide (AdamW:
     diloco_atol). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
     compute seconds, and those evaluations.
     """

@@ -1,4 +1,4 @@
-"""A straggler (掉队者) on purpose: one rank whose forward and backward take `factor` times as long (notebook 11).
+"""A straggler (掉队者) on purpose: one rank whose forward and backward take `factor` times as long (notebook 11b).
 
 Hooks on the model time each step's compute, from the forward call to the last gradient of backward. With
 compute_s = 0 the chosen rank sleeps (factor - 1) times its measured compute. With compute_s > 0 every rank's compute

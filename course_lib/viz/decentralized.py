@@ -1,4 +1,4 @@
-"""Figures of notebook 11 (decentralized training), drawn from the measurements handed in (nothing is launched here)."""
+"""Figures of notebooks 11 and 11b (decentralized training), drawn from the measurements handed in."""
 
 from __future__ import annotations
 
