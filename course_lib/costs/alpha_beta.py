@@ -259,11 +259,6 @@ def predict_pieces(pieces: list[dict], n_bytes: float) -> float:
     return pc["alpha"] + pc["beta"] * n_bytes
 
 
-def predict(algorithm: str, p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
-    """Seconds the named all-reduce algorithm takes under the model (names: keys of ALLREDUCE)."""
-    return ALLREDUCE[algorithm](p, n_bytes, alpha, beta, gamma)
-
-
 def tree_over_ring_ratio(p: int) -> float:
     """Bandwidth term of binomial reduce+broadcast over ring all-reduce: 2 lg p / (2 (p-1)/p) (large n)."""
     return 2 * lg(p) / (2 * (p - 1) / p) if p > 1 else math.nan

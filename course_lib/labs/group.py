@@ -13,11 +13,6 @@ import torch.distributed as dist
 
 from ..runtime.devices import LaunchError, node_gpu, node_gpus
 
-# What torchrun (torch.distributed.elastic) puts in every worker's environment.
-ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-            "TORCHELASTIC_USE_AGENT_STORE")
-
 # The restart race (data/restart_trials_2core.csv: with the shared store 8 of 10 single-node gloo runs met the dead
 # worker's address; 5 finished, 3 hung, 2 used up their restarts): by default torchrun's workers
 # share the agent's TCPStore, which outlives a restart. gloo publishes each rank's listening address under the
