@@ -165,12 +165,48 @@ def _sum_of_flags(stage, lr, scaler):          # correct, written otherwise: a S
 
 def test_14_3_injects_nan_refuses_torchs_kernels_and_passes_another_correct_step(capsys):
     with pytest.raises(ExerciseFailed,
-                       match=r"step 3: your step ran; it should be skipped \(a gradient on stage 0 is nan\)"):
+                       match=r"step 3: your step ran; it should be skipped \(a bias gradient on stage 0 is nan\)"):
         check_loss_scaling(_isinf_only)
     with pytest.raises(ExerciseFailed, match=r"GradScaler's kernel torch._amp_foreach_non_finite_check_and_unscale_ "
                                              r"is switched off here"):
         check_loss_scaling(_torch_kernels)
     check_loss_scaling(_sum_of_flags)
+    assert "✓ Exercise 14b.1" in capsys.readouterr().out
+
+
+def _weight_only(stage, lr, scaler):           # looks at one parameter's gradient: a bias overflow gets through
+    bad = torch.tensor([float(not torch.isfinite(stage.weight.grad).all())], device=stage.weight.device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return _apply(stage, lr, scaler, not bad.item())
+
+
+def _gathered_flags(stage, lr, scaler):        # correct with another single collective: every stage's flag, gathered
+    mine = torch.tensor([float(not all(torch.isfinite(q.grad).all() for q in stage.parameters()))],
+                        device=stage.weight.device)
+    flags = torch.empty(dist.get_world_size(), device=mine.device)
+    dist.all_gather_into_tensor(flags, mine)
+    return _apply(stage, lr, scaler, flags.max().item() == 0)
+
+
+def _apply(stage, lr, scaler, ok):
+    if not ok:
+        scaler["scale"] *= 0.5
+        scaler["good_steps"] = 0
+        return False
+    with torch.no_grad():
+        for q in stage.parameters():
+            q -= lr * q.grad / scaler["scale"]
+    scaler["good_steps"] += 1
+    if scaler["good_steps"] == scaler["growth_interval"]:
+        scaler["scale"] *= 2
+        scaler["good_steps"] = 0
+    return True
+
+
+def test_14b_1_refuses_a_check_of_the_weight_alone_and_accepts_any_one_collective(capsys):
+    with pytest.raises(ExerciseFailed, match=r"it should be skipped \(a bias gradient on stage 0 is nan\)"):
+        check_loss_scaling(_weight_only)
+    check_loss_scaling(_gathered_flags)
     assert "✓ Exercise 14b.1" in capsys.readouterr().out
 
 

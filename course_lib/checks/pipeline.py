@@ -164,7 +164,9 @@ def check_one_f_one_b(one_f_one_b_order, exercise: str = "Exercise 14.2 (the 1F1
 
 # ---------------------------------------------------------------------------------------------- 14b.1
 STEPS = 8
-OVERFLOW = {2: (1, float("inf")), 3: (0, float("nan")), 5: (1, float("nan"))}   # step -> (the one stage, its bad value)
+# step -> (the one stage, its bad value, the parameter it is in): a bias too, so a check of the weight alone fails
+OVERFLOW = {2: (1, float("inf"), "weight"), 3: (0, float("nan"), "bias"), 5: (1, float("nan"), "weight"),
+            6: (0, float("inf"), "bias")}
 AMP_KERNELS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_")   # GradScaler's own, as torch ops
 
 
@@ -199,9 +201,9 @@ def _loss_scaling_case(learner, growth_interval, lr):
         g = torch.Generator().manual_seed(100 * step + rank)
         for q in stage.parameters():
             q.grad = (torch.randn(q.shape, generator=g) * scaler["scale"]).to(q.device)   # of loss x scale
-        bad_rank, bad = OVERFLOW.get(step, (None, None))
+        bad_rank, bad, where = OVERFLOW.get(step, (None, None, None))
         if bad_rank == rank:
-            stage.weight.grad[0, 0] = bad
+            getattr(stage, where).grad.view(-1)[0] = bad
         with CommLog() as log:
             with _switched_off("Exercise 14b.1", "loss scaling by hand",
                                library=["torch.amp.grad_scaler.GradScaler.unscale_",
@@ -236,7 +238,7 @@ def _reference_history(rank, growth_interval, lr):
 def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss scaling across stages)") -> None:
     """`scaled_sgd_step(stage, lr, scaler)` on every pipeline stage: the stage's .grad hold gradients of
     loss x scaler["scale"]; unscale, skip the step on every stage if any stage's gradients hold inf/NaN (one
-    all_reduce), update scaler["scale"] and scaler["good_steps"] by GradScaler's rules; return whether it stepped."""
+    collective), update scaler["scale"] and scaler["good_steps"] by GradScaler's rules; return whether it stepped."""
     hint = ("What must every stage know before any of them touches its weights, and which values count as an "
             "overflow? Reread the statement's rules for the scale, step by step, against the numbers above.")
     lr, growth = 0.1, 2
@@ -262,7 +264,8 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss sc
             for rank, got in enumerate(per_rank):
                 want = refs[rank][step]
                 if got[0] != want[0]:
-                    bad = "run" if want[0] else "be skipped (a gradient on stage {} is {})".format(*OVERFLOW[step])
+                    bad = ("run" if want[0] else
+                           "be skipped (a {2} gradient on stage {0} is {1})".format(*OVERFLOW[step]))
                     raise ExerciseFailed(f"{exercise}: {world} stages, step {step}: your step "
                                          f"{'ran' if got[0] else 'was skipped'}; it should {bad}.\nHint: {hint}")
                 if (got[1], got[2]) != (want[1], want[2]):
@@ -278,9 +281,9 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss sc
                         f"{exercise}: {world} stages, step {step}, stage {rank}: weights differ from the reference by "
                         f"{diff:.3g}; the gradients hold loss x scale: which scale, and does it change before you "
                         f"use it?\nHint: {hint}")
-                if got[3] != ["all_reduce"]:
+                if len(got[3]) != 1:  # any one collective that tells every stage: an all_reduce, an all_gather, ...
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: your step ran {got[3] or 'no '} "
                         f"collectives; how many does it take for every stage to agree on one bit?\nHint: {hint}")
     passed(exercise, f"2 and 3 stages, {STEPS} steps with an inf or a NaN on one stage: every stage skips together, "
-                     f"scale and weights follow GradScaler's rules, one all_reduce per step")
+                     f"scale and weights follow GradScaler's rules, one collective per step")
