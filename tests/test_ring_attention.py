@@ -1,4 +1,4 @@
-"""Ring attention (notebook 15): the online softmax folds blocks into exactly softmax(s) v (masked rows included, no
+"""Ring attention (notebook 15b): the online softmax folds blocks into exactly softmax(s) v (masked rows included, no
 NaN); on 2 and 3 ranks the ring equals full attention (float64, to the reordering bound), causal with contiguous and
 zig-zag layouts, overlapped or not; bytes and messages per rank equal the formula exactly; the peak memory per rank
 is the formula plus a few row vectors; the causal work is balanced exactly by the zig-zag layout; the overlap
@@ -166,7 +166,7 @@ def ring(q, k, v):
 def test_ring_checker_passes_the_right_answer_and_names_what_is_wrong(capsys):
     g = {"torch": torch, "dist": dist, "math": math, "positions": positions}
     check_causal_ring_attention(notebook_function(GOOD, "ring", **g))
-    assert "✓ Exercise 15.3" in capsys.readouterr().out
+    assert "✓ Exercise 15b.1" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="NaN or inf"):
         check_causal_ring_attention(notebook_function(NO_MAX, "ring", **g))
     with pytest.raises(ExerciseFailed, match="off by up to"):

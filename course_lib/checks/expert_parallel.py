@@ -1,4 +1,4 @@
-"""Checkers for the exercises of notebook 15: mesh groups, expert-parallel dispatch, causal ring attention.
+"""Checkers for the exercises of notebooks 15 and 15b: mesh groups, expert-parallel dispatch, causal ring attention.
 
 Each runs the learner's function (on real ranks where it communicates) with the course's own answer and the
 collectives the exercise is not about switched off (switch_off.py), compares with the library reference
@@ -187,7 +187,7 @@ def check_dispatch(dispatch, exercise: str = "Exercise 15.2 (expert-parallel dis
                      "all_to_all_single and the right split sizes (empty splits included)")
 
 
-# ------------------------------------------------------------------ 15.3 causal ring attention, zig-zag layout
+# ------------------------------------------------------------------ 15b.1 causal ring attention, zig-zag layout
 
 RING = "course_lib.training.ring_attention"
 
@@ -221,7 +221,7 @@ def _run_ring(fn, exercise, chunk, d, scales):
 
 
 def check_causal_ring_attention(ring_attention_zigzag,
-                                exercise: str = "Exercise 15.3 (causal ring attention, zig-zag)") -> None:
+                                exercise: str = "Exercise 15b.1 (causal ring attention, zig-zag)") -> None:
     """`ring_attention_zigzag(q, k, v)` -> this rank's causal attention output, its tokens being chunks r and
     2p-1-r of 2p (positions(rank, p, S, "zigzag")); K/V passed to rank+1 only, p-1 times; no collective. Compared
     with full causal attention in float64 on 2 and 3 ranks, with moderate scores and with scores near +-1000

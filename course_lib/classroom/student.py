@@ -48,6 +48,7 @@ COURSE_NOTEBOOKS = (
     "14_pipeline_parallel.ipynb",
     "14b_activation_memory_and_precision.ipynb",
     "15_expert_and_context_parallel.ipynb",
+    "15b_context_parallel_and_layouts.ipynb",
     "16_failures_and_recovery.ipynb",
     "17_multi_node_lab.ipynb",
     "18_debugging_distributed_training.ipynb",

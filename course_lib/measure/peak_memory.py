@@ -1,5 +1,5 @@
 """The most memory a function's tensors held at once, beyond what existed before it ran, and the largest single
-tensor it made (notebook 15).
+tensor it made (notebook 15b).
 
 On a GPU: torch.cuda's allocator statistics (max_memory_allocated after reset_peak_memory_stats). On the CPU, which
 keeps no such statistics: torch.profiler with profile_memory records every allocation and free, and its memory

@@ -1,5 +1,5 @@
 """Composing parallelisms on a device mesh: each dimension's groups, FSDP2 x tensor parallel and HSDP training, and
-a published layout placed on nodes (notebook 15).
+a published layout placed on nodes (notebooks 15 and 15b).
 
 torch's DeviceMesh (torch.distributed.device_mesh.init_device_mesh) lays the ranks out row-major over the mesh
 shape: the LAST dimension varies fastest, so its groups are consecutive ranks, which a launcher places on the same

@@ -61,7 +61,7 @@ def positions(rank: int, p: int, seq: int, layout: str = "contiguous") -> torch.
 
 def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", overlap: bool = True,
                    link=None, stats: dict | None = None):
-    """This rank's attention output for its own queries (the library copy of notebook 15's cell). q, k, v: this
+    """This rank's attention output for its own queries (the library copy of notebook 15b's cell). q, k, v: this
     rank's blocks; the pair (k, v) goes to rank+1 and comes from rank-1 at every step. overlap=False waits for the
     next block before computing (the naive order). link (netem.Link): the transfer that started with the step is
     made to last alpha + bytes/B before its wait returns, as on a real link running beside the compute. stats, if

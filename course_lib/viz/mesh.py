@@ -1,4 +1,4 @@
-"""Drawings for composed parallelism (notebook 15): a device mesh's groups as the ranks reported them, and a
+"""Drawings for composed parallelism (notebooks 15 and 15b): a device mesh's groups as the ranks reported them, and a
 published layout's ranks placed on nodes. viz only draws what it is handed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drawings for ring attention (notebook 15): whose key/value block each rank holds at each step and which it
+"""Drawings for ring attention (notebook 15b): whose key/value block each rank holds at each step and which it
 skipped under a causal mask, the work per rank for two layouts, and when the ring's transfers hide behind compute.
 viz only draws what a run (or the cost model) returned."""
 
