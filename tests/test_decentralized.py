@@ -226,3 +226,29 @@ def test_the_tree_all_reduce_pays_log_p_latency_and_twice_the_model():
     assert step_seconds(ring, 4, shapes, slow) < step_seconds(tree, 4, shapes, slow)
     assert step_seconds(tree, 1024, shapes, slow) < step_seconds(ring, 1024, shapes, slow)
     assert sent_per_step(tree, 8, shapes) == 2 * 4 * sum(math.prod(s) for s in shapes)
+
+
+def _adamw_local_against_diloco_with_a_plain_average():
+    def plain(flat, anchor, buf):                   # outer lr 1, momentum 0: the anchor becomes the models' mean
+        d = anchor - flat
+        dist.all_reduce(d)
+        d /= dist.get_world_size()
+        anchor.sub_(d)
+        flat.copy_(anchor)
+    kw = dict(H=2, steps=4, hidden=HIDDEN, dtype=torch.float64)
+    ctrl = local_sgd.local_sgd_train(inner="adamw", **kw)
+    diloco_plain = local_sgd.local_sgd_train(outer="nesterov", outer_step=plain, **kw)
+    sgd = local_sgd.local_sgd_train(**kw)
+    return ctrl["params"], diloco_plain["params"], sgd["params"]
+
+
+def test_the_adamw_control_is_diloco_without_its_outer_optimizer():
+    # notebook 11b's control row: local SGD's plain average with DiLoCo's AdamW inner steps
+    for ctrl, diloco_plain, sgd in run(_adamw_local_against_diloco_with_a_plain_average, 2, output="none",
+                                       timeout=60).values:
+        # float64, the same operations in the same order on both sides except the mean's: (a + b) / 2 against
+        # a - (a - b) / 2, a few units of float64's 1.1e-16 on weights below 1
+        assert max_diff(ctrl, diloco_plain) < 1e-12
+        assert max_diff(ctrl, sgd) > 1e-3                 # the inner optimizer is AdamW, not SGD
+    with pytest.raises(ValueError, match="inner None, 'sgd' or 'adamw'"):
+        local_sgd.local_sgd_train(inner="adam")

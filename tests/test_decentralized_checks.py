@@ -62,11 +62,31 @@ def _both_directions(x, t):
     return (x + left) / 2
 
 
-def test_one_peer_gossip_rejects_all_reduce_and_extra_messages():
+def _reversed(x, t):                           # one message each way, but the hop's direction reversed
+    rank, p = dist.get_rank(), dist.get_world_size()
+    hop = 2 ** (t % (p - 1).bit_length())
+    got = torch.empty_like(x)
+    for r in dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, (rank + hop) % p),
+                                     dist.P2POp(dist.isend, x, (rank - hop) % p)]):
+        r.wait()
+    return (x + got) / 2
+
+
+def _library_offsets(x, t):                    # the course's own table of hops holds the answer
+    from course_lib.training import gossip
+    return gossip._offsets("one-peer exponential", dist.get_world_size(), t)
+
+
+def test_one_peer_gossip_rejects_all_reduce_extra_messages_wrong_peers_and_the_librarys_hops():
     with pytest.raises(ExerciseFailed, match="dist.all_reduce is switched off"):
         check_one_peer_gossip(_all_reduce_average)
     with pytest.raises(ExerciseFailed, match=r"sent 2 message\(s\)"):
         check_one_peer_gossip(_both_directions)
+    with pytest.raises(ExerciseFailed, match=r"one message each way, but not to and from round 0's peers") as e:
+        check_one_peer_gossip(_reversed)
+    assert "[1]" not in str(e.value).split("peers.")[1]        # the message never names the right peer
+    with pytest.raises(ExerciseFailed, match=r"gossip._offsets \(it holds the answer\) is switched off"):
+        check_one_peer_gossip(_library_offsets)
 
 
 def _heavy_ball(flat, anchor, momentum):

@@ -70,9 +70,10 @@ def _all_reduce(name: str):
 def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
                     seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, link=None,
                     all_reduce: str = "ring", straggler=None, eval_every: int = 0, outer_step=None,
-                    dtype: torch.dtype = torch.float32) -> dict:
+                    dtype: torch.dtype = torch.float32, inner: str | None = None) -> dict:
     """Run on every rank: local SGD (outer=None: H SGD steps, then average the models) or DiLoCo
     (outer="nesterov": H AdamW steps, then diloco_outer_step). A sync happens after steps H, 2H, ...
+    inner="adamw" with outer=None: local SGD's plain average with DiLoCo's AdamW inner steps (notebook 11b's control).
 
     eval_every > 0: at each sync whose step is a multiple of it, rank 0 records (step, bytes sent so far, training
     seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `straggler`: (rank,
@@ -81,9 +82,11 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     diloco_atol). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
     compute seconds, and those evaluations.
     """
-    if H < 1 or outer not in (None, "nesterov"):
-        raise ValueError(f"need H >= 1 and outer None (local SGD) or 'nesterov' (DiLoCo); got H={H}, outer={outer!r}")
+    if H < 1 or outer not in (None, "nesterov") or inner not in (None, "sgd", "adamw"):
+        raise ValueError(f"need H >= 1, outer None (local SGD) or 'nesterov' (DiLoCo), inner None, 'sgd' or 'adamw'; "
+                         f"got H={H}, outer={outer!r}, inner={inner!r}")
     reduce = _all_reduce(all_reduce)
+    adamw = outer is not None if inner is None else inner == "adamw"
     rank, p = dist.get_rank(), dist.get_world_size()
     model = make_mlp(hidden, seed, dtype).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
@@ -103,10 +106,10 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
             loss.backward()
             with torch.no_grad():
                 for q, mq, vq in zip(params, m, v):
-                    if outer is None:
-                        q -= lr * q.grad
-                    else:
+                    if adamw:
                         adamw_(q, q.grad, mq, vq, step + 1, inner_lr)
+                    else:
+                        q -= lr * q.grad
             if (step + 1) % H == 0:
                 flat = flat_params(model)
                 if outer is None:
