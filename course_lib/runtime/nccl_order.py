@@ -62,11 +62,16 @@ class Waited:
 class Unit:
     """One posted piece of communication a rank waits for: a p2p call, a batch of them, or a collective."""
 
-    def __init__(self, works, needs, call: str, where: str):
+    def __init__(self, works, needs, call: str, where: str, lazy: bool = False):
         self.works, self.needs, self.call, self.where = [w for w in works if w is not None], needs, call, where
         self.on_done = None  # a check that can only run once the call completed (the tag of a received message)
+        self.lazy = lazy     # a gloo work that reports completion only once waited for (its reduce-scatters)
 
     def done(self) -> bool:
+        if self.lazy:  # polling would never see it finish: wait for it, as NCCL's stream would before the next call
+            for w in self.works:
+                w.wait()
+            return True
         return all(w.is_completed() for w in self.works)
 
 

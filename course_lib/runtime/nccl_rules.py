@@ -60,6 +60,8 @@ _BAD_OPS = ("BAND", "BOR", "BXOR")
 # dtypes NCCLUtils.hpp's ncclDataType table maps (torch 2.13); anything else raises there
 _NCCL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool",
                 "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz")
+# gloo's reduce-scatter works report is_completed() only once waited for (measured on torch 2.13)
+_LAZY_ON_GLOO = ("reduce_scatter", "reduce_scatter_tensor")
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
                 "all_reduce_coalesced", "all_gather_coalesced")
@@ -195,7 +197,8 @@ def _collective(name: str, orig):
             work = orig(*bound.args, **bound.kwargs)
         finally:
             _State.depth -= 1
-        order.after_post(gname, Unit([work], needs, f"dist.{name}", learner_line()), blocking=not wanted_async)
+        order.after_post(gname, Unit([work], needs, f"dist.{name}", learner_line(), lazy=name in _LAZY_ON_GLOO),
+                         blocking=not wanted_async)
         return work if wanted_async else None
 
     checked.__wrapped__ = orig

@@ -1,6 +1,6 @@
 """Context parallelism by ring attention: blockwise attention with the online softmax, K/V blocks passed round a ring.
 
-Taught in notebooks/15_expert_and_context_parallel.ipynb. Online softmax: keep a running row maximum m and row sum
+Taught in notebooks/15b_context_parallel_and_layouts.ipynb. Online softmax: keep a running row maximum m and row sum
 l, rescale what was accumulated by exp(m_old - m_new) when a new block raises the maximum (Milakov & Gimelshein
 2018, "Online normalizer calculation for softmax", algorithm 3); the output's numerator o is carried along with them
 (Rabe & Staats 2021, arXiv:2112.05682; blockwise in FlashAttention, Dao et al. 2022).
