@@ -100,10 +100,8 @@ def test_14_2_rejects_orders_that_hold_too_much_deadlock_or_idle(wrong, message)
         check_one_f_one_b(wrong)
 
 
-def _no_flag_exchange(stage, lr, scaler):      # decides on its own stage's gradients only
-    found = not all(torch.isfinite(q.grad).all() for q in stage.parameters())
-    dist.all_reduce(torch.zeros(1, device=stage.weight.device))
-    if found:
+def _apply(stage, lr, scaler, ok):             # GradScaler's rules once the step knows whether it may step
+    if not ok:
         scaler["scale"] *= 0.5
         scaler["good_steps"] = 0
         return False
@@ -115,6 +113,12 @@ def _no_flag_exchange(stage, lr, scaler):      # decides on its own stage's grad
         scaler["scale"] *= 2
         scaler["good_steps"] = 0
     return True
+
+
+def _no_flag_exchange(stage, lr, scaler):      # decides on its own stage's gradients only
+    found = not all(torch.isfinite(q.grad).all() for q in stage.parameters())
+    dist.all_reduce(torch.zeros(1, device=stage.weight.device))
+    return _apply(stage, lr, scaler, not found)
 
 
 def test_14_3_rejects_stages_that_skip_alone():
@@ -125,18 +129,7 @@ def test_14_3_rejects_stages_that_skip_alone():
 def _isinf_only(stage, lr, scaler):            # counts inf as an overflow, lets NaN through
     bad = torch.tensor([float(any(torch.isinf(q.grad).any() for q in stage.parameters()))], device=stage.weight.device)
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if bad.item():
-        scaler["scale"] *= 0.5
-        scaler["good_steps"] = 0
-        return False
-    with torch.no_grad():
-        for q in stage.parameters():
-            q -= lr * q.grad / scaler["scale"]
-    scaler["good_steps"] += 1
-    if scaler["good_steps"] == scaler["growth_interval"]:
-        scaler["scale"] *= 2
-        scaler["good_steps"] = 0
-    return True
+    return _apply(stage, lr, scaler, not bad.item())
 
 
 def _torch_kernels(stage, lr, scaler):         # GradScaler's own kernels do the unscale and the scale update
@@ -186,21 +179,6 @@ def _gathered_flags(stage, lr, scaler):        # correct with another single col
     flags = torch.empty(dist.get_world_size(), device=mine.device)
     dist.all_gather_into_tensor(flags, mine)
     return _apply(stage, lr, scaler, flags.max().item() == 0)
-
-
-def _apply(stage, lr, scaler, ok):
-    if not ok:
-        scaler["scale"] *= 0.5
-        scaler["good_steps"] = 0
-        return False
-    with torch.no_grad():
-        for q in stage.parameters():
-            q -= lr * q.grad / scaler["scale"]
-    scaler["good_steps"] += 1
-    if scaler["good_steps"] == scaler["growth_interval"]:
-        scaler["scale"] *= 2
-        scaler["good_steps"] = 0
-    return True
 
 
 def test_14b_1_refuses_a_check_of_the_weight_alone_and_accepts_any_one_collective(capsys):
