@@ -195,7 +195,7 @@ def test_every_trainer_equals_its_single_process_reference_and_sends_its_formula
 
 
 def test_bench_ps_row_bytes_equal_the_formula():
-    (row,) = bench.compare(["sync PS"], loss_steps=2, repeats=0)
+    (row,) = bench.compare(["sync PS"], loss_steps=2, timed=())
     m = 4 * sum(q.numel() for q in make_mlp().parameters())
     assert row["sent_per_worker_B"] == row["formula_sent_per_worker_B"] == m
     assert row["busiest_rank_sent_B"] == 4 * m        # the server sends every worker the model

@@ -1,7 +1,5 @@
 """Bytes per rank per step, counted on every point-to-point message, equal the formulas exactly (BytePS: a single
-server receives and sends n*M; ring all-reduce: 2(n-1)/n*M per rank); netem delays are at least the link's."""
-
-import time
+server receives and sends n*M; ring all-reduce: 2(n-1)/n*M per rank); netem times every message by the link."""
 
 import pytest
 import torch
@@ -44,10 +42,9 @@ def test_ring_traffic_matches_formula(n):
 
 
 def _timed_messages(link, nbytes, pattern):
+    """Run on every rank: its virtual clock after the pattern's messages over `link`."""
     x = torch.zeros(nbytes // 4)
     rank, p = dist.get_rank(), dist.get_world_size()
-    dist.barrier()
-    t = time.perf_counter()
     with netem.emulate(link):
         if pattern == "incast":          # everyone sends to rank 0
             if rank == 0:
@@ -55,22 +52,72 @@ def _timed_messages(link, nbytes, pattern):
                     r.wait()
             else:
                 dist.send(x, 0)
-        else:                            # rank 0 sends to everyone, one after another
+        elif pattern == "fan-out":       # rank 0 sends to everyone, one blocking send after another
             if rank == 0:
                 for dst in range(1, p):
                     dist.send(x, dst)
             else:
                 dist.recv(x, 0)
-    dist.barrier()
-    return time.perf_counter() - t
+        else:                            # rendezvous: rank 1 posts its receive 50 ms late, rank 2 from any rank
+            if rank == 0:
+                works = [dist.isend(x, 1), dist.isend(x, 2)]
+                for w in works:
+                    w.wait()
+            elif rank == 1:
+                netem.compute(0.05)
+                dist.recv(x, 0)
+            else:
+                dist.recv(x)
+        return netem.now()
 
 
-@pytest.mark.parametrize("pattern", ["incast", "fan-out"])
-def test_netem_serialises_the_busy_link(pattern):
+W = 1e-3 + 400_000 / 20e6     # one 400 kB message on the test link: alpha + b/B = 21 ms
+
+
+@pytest.mark.parametrize("pattern,want", [
+    # three messages into rank 0's one incoming side: 21, 41, 61 ms (the alphas overlap, the bytes take turns)
+    ("incast", [1e-3 + 3 * 0.02, W, W + 0.02, W + 0.04]),
+    # a blocking send ends when its bytes are in, so rank 0's three sends follow each other: 21, 42, 63 ms
+    ("fan-out", [3 * W, W, 2 * W, 3 * W]),
+    # a send starts only once its receiver has posted (gloo's rendezvous): the message to rank 1 starts at 50 ms,
+    # and the one to rank 2, though posted at 0, leaves rank 0's outgoing side after it
+    ("rendezvous", [0.05 + 2 * W, 0.05 + W, 0.05 + 2 * W]),
+])
+def test_netem_times_each_message_by_the_link_and_both_sides(pattern, want):
     lnk = netem.Link("slow", 1e-3, 20e6)        # 20 MB/s: 400 kB takes 20 ms
-    res = run(_timed_messages, world_size=4, args=(lnk, 400_000, pattern), output="none", timeout=30)
-    floor = 3 * 400_000 * lnk.beta               # three messages through rank 0's one link
-    assert min(res.values) >= floor
+    res = run(_timed_messages, world_size=len(want), args=(lnk, 400_000, pattern), output="none", timeout=60)
+    assert res.values == pytest.approx(want, rel=1e-9, abs=1e-12)   # virtual seconds: sums of the same floats
+
+
+def test_measured_ps_and_ring_steps_sit_on_their_formulas():
+    """On the virtual clock with no compute, a step is the schedule's link time: push then pull for the PS,
+    2(n-1)(alpha + M/(nB)) for the ring (one element of rounding: chunks differ by at most one float)."""
+    from course_lib.bench import scaling
+
+    rows = scaling.measure("100 MbE", workers=(1, 3), steps=2, hidden=64)
+    for r in rows:
+        assert r["measured_s"] == pytest.approx(r["projected_s"], rel=1e-6), r
+    # with compute, the PS's workers compute while the server still sends to the others: with n = 3 and 10 ms of
+    # compute (more than the (n-1)(alpha + M/B) = 5.9 ms of the later sends) the gradients of the first n - 1 no
+    # longer arrive back to back, and the step is compute + (n+1)(alpha + M/B), (n-1) M/B under the formula
+    lnk = netem.link("100 MbE")
+    (ps3,) = [r for r in scaling.measure("100 MbE", workers=(3,), steps=2, hidden=64, compute_s=0.01)
+              if r["arch"] == "ps"]
+    m = ps3["model_bytes"]
+    assert ps3["measured_s"] == pytest.approx(0.01 + 4 * (lnk.alpha + m * lnk.beta), rel=1e-9)
+    assert ps3["projected_s"] - ps3["measured_s"] == pytest.approx(2 * m * lnk.beta, rel=1e-6)
+
+
+def test_emulate_does_not_nest_and_times_compute_on_the_virtual_clock():
+    def body():
+        with netem.emulate("1 GbE"):
+            netem.compute(2.5)
+            t = netem.now()
+            with pytest.raises(RuntimeError, match="do not nest"):
+                with netem.emulate("1 GbE"):
+                    pass
+        return t, netem.virtual()
+    assert run(body, world_size=2, output="none", timeout=30).values == [(2.5, False)] * 2
 
 
 def test_links_and_projection_use_the_cost_model():

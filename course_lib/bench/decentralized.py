@@ -1,15 +1,15 @@
 """Notebook 11b's schemes side by side on 4 workers: loss reached, bytes per step, step time on a fast and a slow
 emulated link, and one straggler (a worker 3x slower to compute).
 
-    python -m course_lib.bench.decentralized --steps 192 --repeats 3 --out data/decentralized_4workers.csv
+    python -m course_lib.bench.decentralized --steps 192 --out data/decentralized_4workers.csv
 
 Every scheme trains the course's MLP on the digits with the same seeds and shards (training/): the synchronous PS
 (1 server + 4 workers), all-reduce data parallel (local SGD with H = 1, equal to it), gossip on two topologies, local
 SGD and DiLoCo with H = 16, PowerSGD rank 2 and top-k 1% with error feedback (and, for the loss only, PowerSGD rank
-1 and 4 and top-k 10%). All their messages are point-to-point (the course's ring for all-reduce), so netem delays
+1 and 4 and top-k 10%). All their messages are point-to-point (the course's ring for all-reduce), so netem times
 every one and traffic counts every byte. One launch per world size runs every scheme's configurations one after the
-other: the loss run (no link), then the fast link, the slow link and the straggler, each timing the fastest of
---repeats launches.
+other: the loss run (no link), then the fast link, the slow link and the straggler. The timings are read from
+netem's virtual clock with a fixed emulated compute per step, so they are the same on every machine.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import argparse
 import csv
 import datetime
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from .. import device, run
-from ..collectives import chunk_bounds, ring_all_reduce
+from ..collectives import chunk_bounds
 from ..costs.decentralized import MAIN, SCHEMES, sent_per_step
 from ..measure.netem import emulate, link
 from ..measure.traffic import Meter, metered
@@ -37,7 +36,7 @@ from ..training.model import flat_params, make_mlp
 from ..training.straggler import Straggler
 
 FAST, SLOW, FACTOR = "10 GbE", "100 MbE", 3.0
-COMPUTE_S = 0.010    # straggler runs: every step's compute padded to 10 ms (the straggler's to 30 ms)
+COMPUTE_S = 0.010    # every timing run: 10 ms of emulated compute per step (the straggler's 30 ms)
 
 
 def _ps_train(steps, link=None, straggler=None, lr=0.1, batch_size=32, hidden=256, seed=0):
@@ -80,7 +79,8 @@ def _configs(loss_names, time_names, loss_steps: int, configs=CONFIGS) -> dict:
     """Run on every rank: the loss run of each scheme in loss_names, the timing runs of each in time_names."""
     torch.set_num_threads(1)     # ranks share the cores: one thread each keeps compute times steady
     last = dist.get_world_size() - 1
-    runs = {"fast": (link(FAST), None), "slow": (link(SLOW), None),
+    # every timing run on the virtual clock with the same fixed compute; the straggler's is FACTOR times longer
+    runs = {"fast": (link(FAST), (-1, 1.0, COMPUTE_S)), "slow": (link(SLOW), (-1, 1.0, COMPUTE_S)),
             "straggler": (link(FAST), (last, FACTOR, COMPUTE_S))}
     out = {n: {} for n in [*loss_names, *time_names]}
     for name in loss_names:
@@ -144,50 +144,24 @@ def _row(name: str, workers: int, launches: list) -> dict:
     return row
 
 
-def compare(names=MAIN, workers: int = 4, loss_steps: int = 192, repeats: int = 1, timed=MAIN,
-            configs=CONFIGS) -> list[dict]:
-    """One row per scheme in `names`. Each world size (PS: workers + 1, the rest: workers) gets one launch per
-    repeat that runs its schemes one after the other: the first does the loss runs (loss_steps = 0: none), every
-    one the timing runs (`configs`, of the schemes in `timed`); a timing is the fastest of the `repeats` launches,
-    since on a shared machine others only ever slow a run down."""
+def compare(names=MAIN, workers: int = 4, loss_steps: int = 192, timed=MAIN, configs=CONFIGS) -> list[dict]:
+    """One row per scheme in `names`. Each world size (PS: workers + 1, the rest: workers) gets one launch that
+    runs its schemes one after the other: the loss runs (loss_steps = 0: none), then the timing runs (`configs`, of
+    the schemes in `timed`)."""
     groups: dict[int, list[str]] = {}
     for n in names:
         groups.setdefault(workers + (1 if SCHEMES[n].kind == "ps" else 0), []).append(n)
     launches: dict[str, list] = {n: [] for n in names}
     for world, group in groups.items():
-        for i in range(max(repeats, 1)):
-            loss_names = group if i == 0 and loss_steps else []
-            time_names = [n for n in group if n in timed] if repeats else []
-            if not loss_names and not time_names:
-                continue
-            vals = run(_configs, world, args=(loss_names, time_names, loss_steps, configs), output="none",
-                       timeout=900).values
-            for n in {*loss_names, *time_names}:
-                launches[n].append([v[n] for v in vals])
+        loss_names = group if loss_steps else []
+        time_names = [n for n in group if n in timed]
+        if not loss_names and not time_names:
+            continue
+        vals = run(_configs, world, args=(loss_names, time_names, loss_steps, configs), output="none",
+                   timeout=900).values
+        for n in {*loss_names, *time_names}:
+            launches[n].append([v[n] for v in vals])
     return [_row(n, workers, launches[n]) for n in names]
-
-
-def _hops(repeats: int) -> list[float]:
-    """Run on every rank: seconds of each of `repeats` ring all-reduces of 4 floats, no link emulated."""
-    torch.set_num_threads(1)
-    x = torch.zeros(4, device=device())
-    out = []
-    for _ in range(repeats):
-        dist.barrier()
-        t = time.perf_counter()
-        ring_all_reduce(x)
-        out.append(time.perf_counter() - t)
-    return out
-
-
-def message_cost(workers: int = 4, repeats: int = 30) -> dict:
-    """This machine's own cost of one hop of the course's ring (isend/irecv, no link emulated): the median and the
-    fastest seconds per hop over `repeats` all-reduces of 4 floats on `workers` ranks, 2(p-1) hops each, as rank 0
-    saw them (the first 5 left out as warm-up). With more ranks than free cores it is mostly the time a receiving
-    rank waits to be scheduled: a floor under every measured step, whatever link is emulated."""
-    ts = run(_hops, workers, args=(repeats + 5,), output="none", timeout=120).values[0][5:]
-    hops = 2 * (workers - 1)
-    return {"median_s": statistics.median(ts) / hops, "fastest_s": min(ts) / hops}
 
 
 TABLE = DATA_DIR / "decentralized_4workers.csv"
@@ -205,14 +179,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=192, help="steps of the loss run (a multiple of 16)")
-    p.add_argument("--repeats", type=int, default=3, help="timing runs per scheme; the fastest counts")
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES),
                    help="which schemes (the timing runs are for those of notebook 11b's side by side)")
     p.add_argument("--out", default=None, help="write the rows to this CSV file")
-    p.add_argument("--machine", default="this machine",
-                   help="the machine and its load, stored in every row (cores, CPU, what else was running)")
+    p.add_argument("--machine", default="this machine", help="the machine, stored in every row (for the losses)")
     a = p.parse_args(argv)
-    rows = compare(a.schemes, a.workers, a.steps, a.repeats)
+    rows = compare(a.schemes, a.workers, a.steps)
     print(f"{'scheme':22} {'loss':>6} {'acc':>6} {'B/step/worker':>13} {'formula':>9} {'busiest':>9} "
           f"{'fast ms':>8} {'slow ms':>8} {'strag ms':>8} {'wait fast':>9}")
     for r in rows:
@@ -223,12 +195,10 @@ def main(argv=None) -> None:
                      f"{r['wait_frac_fast_workers']:9.0%}")
         print(line)
     if a.out:
-        command = (f"python -m course_lib.bench.decentralized --steps {a.steps} --workers {a.workers} "
-                   f"--repeats {a.repeats}")
+        command = f"python -m course_lib.bench.decentralized --steps {a.steps} --workers {a.workers}"
         source = (f"measured {datetime.date.today()} on {a.machine} with: {command}; fast link {FAST}, slow link "
-                  f"{SLOW} (netem); straggler: the last worker, each worker's compute padded to "
-                  f"{COMPUTE_S * 1e3:g} ms per step and the straggler's to {FACTOR * COMPUTE_S * 1e3:g} ms, on the "
-                  f"fast link")
+                  f"{SLOW} (netem, timed on its virtual clock); {COMPUTE_S * 1e3:g} ms of emulated compute per step; "
+                  f"straggler: the last worker's compute {FACTOR * COMPUTE_S * 1e3:g} ms, on the fast link")
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=[*max(rows, key=len), "source"])
             w.writeheader()

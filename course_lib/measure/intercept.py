@@ -22,7 +22,7 @@ def nbytes(tensor) -> int:
 
 
 class _Work:
-    """A receive request whose wait() runs the hook once the bytes are in (delegates everything else)."""
+    """A request whose wait() runs the hooks once the message is through (delegates everything else)."""
 
     def __init__(self, work, after):
         self._work, self._after, self._done = work, after, False
@@ -38,35 +38,77 @@ class _Work:
         return getattr(self._work, name)
 
 
+def _global_peer(given, kwargs, key):
+    """The peer's global rank: `dst`/`src` are global; batch_isend_irecv passes group_dst/group_src (group ranks)."""
+    if given is not None or kwargs.get(key) is None:
+        return given
+    group = kwargs.get("group")
+    return kwargs[key] if group is None else dist.get_global_rank(group, kwargs[key])
+
+
+def _then(*fns):
+    """One callable running each non-None fn in order (the hooks of one completion)."""
+    fns = [f for f in fns if f is not None]
+    return lambda: [f() for f in fns]
+
+
 @contextmanager
-def hooked(before_send=None, after_recv=None):
+def hooked(before_send=None, after_recv=None, before_recv=None):
     """Within the block, call before_send(tensor, dst) before each send and after_recv(tensor, src) once each
-    receive has completed (for irecv: when its wait() returns). Nests: each block wraps what is current."""
+    receive has completed (for irecv: when its wait() returns); before_recv(tensor, src) when a receive is posted
+    (src None: from any rank). A before_* hook may return a callable: it runs when that message completes (a
+    send: once its wait() returns; a receive: with the sender's rank, before after_recv). Peers are global ranks.
+    Nests: each block wraps what is current."""
     orig = {name: getattr(dist, name) for name in _NAMES}
     own = {name: getattr(c10d, name) for name in _NAMES}
-    # batch_isend_irecv calls each P2POp's function with group_dst/group_src (the default group's rank = the rank)
-    peer = lambda given, kwargs, key: given if given is not None else kwargs.get(key)  # noqa: E731
+
+    inside = [0]   # torch 2.13's send and recv call isend and irecv: hook the outer call only
 
     def send(tensor, dst=None, *args, **kwargs):
-        if before_send:
-            before_send(tensor, peer(dst, kwargs, "group_dst"))
-        return orig["send"](tensor, dst, *args, **kwargs)
+        done = before_send(tensor, _global_peer(dst, kwargs, "group_dst")) if before_send else None
+        inside[0] += 1
+        try:
+            out = orig["send"](tensor, dst, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+        if done:
+            done()
+        return out
 
     def isend(tensor, dst=None, *args, **kwargs):
-        if before_send:
-            before_send(tensor, peer(dst, kwargs, "group_dst"))
-        return orig["isend"](tensor, dst, *args, **kwargs)
+        if inside[0]:
+            return orig["isend"](tensor, dst, *args, **kwargs)
+        done = before_send(tensor, _global_peer(dst, kwargs, "group_dst")) if before_send else None
+        work = orig["isend"](tensor, dst, *args, **kwargs)
+        return _Work(work, done) if done and work is not None else work
 
     def recv(tensor, src=None, *args, **kwargs):
-        got = orig["recv"](tensor, src, *args, **kwargs)
+        who = _global_peer(src, kwargs, "group_src")
+        done = before_recv(tensor, who) if before_recv else None
+        inside[0] += 1
+        try:
+            got = orig["recv"](tensor, src, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+        who = got if who is None else who
+        if done:
+            done(who)
         if after_recv:
-            after_recv(tensor, got if peer(src, kwargs, "group_src") is None else peer(src, kwargs, "group_src"))
+            after_recv(tensor, who)
         return got
 
     def irecv(tensor, src=None, *args, **kwargs):
+        if inside[0]:
+            return orig["irecv"](tensor, src, *args, **kwargs)
+        who = _global_peer(src, kwargs, "group_src")
+        done = before_recv(tensor, who) if before_recv else None
         work = orig["irecv"](tensor, src, *args, **kwargs)
-        who = peer(src, kwargs, "group_src")
-        return _Work(work, lambda: after_recv(tensor, who)) if after_recv else work
+        if work is None or not (done or after_recv):
+            return work
+        # an any-source irecv (gloo only) learns its sender from the finished work
+        sender = (lambda: who) if who is not None else work._source_rank
+        return _Work(work, _then(done and (lambda: done(sender())),
+                                 after_recv and (lambda: after_recv(tensor, sender()))))
 
     patched = {"send": send, "recv": recv, "isend": isend, "irecv": irecv}
     # Both namespaces: dist.P2POp and batch_isend_irecv compare a P2POp's function with distributed_c10d's names.

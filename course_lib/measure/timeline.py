@@ -4,27 +4,43 @@ Taught in notebooks/08-10. Trainers wrap their phases in `region("compute" | "co
 torch.profiler.record_function with a "lane:name" label (free when nothing records). `Timeline` records them with
 torch's autograd profiler in its non-kineto mode: same record_function events, but starting kineto costs ~3.4 s per
 process on the course machine and every rank is a fresh process. Ranks align on a barrier: t = 0 is when every rank
-left it. `chrome_trace` writes all ranks into one Chrome trace JSON (one process per rank) that opens in Perfetto.
+left it. Inside netem.emulate(link) the regions are timed on the link's virtual clock instead (t = 0: the block's
+start). `chrome_trace` writes all ranks into one Chrome trace JSON (one process per rank) that opens in Perfetto.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
+
+from . import netem
 
 LANES = ("compute", "comm", "wait")
 # torch's own all-reduces (DDP's buckets, dist.all_reduce) show up under these names.
 _TORCH_COMM = ("gloo:all_reduce", "nccl:all_reduce")
 
 
+_VIRTUAL: list = []   # the events of a Timeline recording on netem's virtual clock (one per rank at a time)
+
+
+@contextmanager
 def region(lane: str, name: str):
     """A labelled region (context manager) drawn in lane `lane` (compute, comm or wait)."""
     if lane not in LANES:
         raise ValueError(f"lane must be one of {LANES}, got {lane!r}")
-    return record_function(f"{lane}:{name}")
+    if not _VIRTUAL:
+        with record_function(f"{lane}:{name}"):
+            yield
+        return
+    start = netem.now()
+    try:
+        yield
+    finally:
+        _VIRTUAL[-1].append((lane, name, start, netem.now()))
 
 
 class Timeline:
@@ -35,6 +51,9 @@ class Timeline:
         self.enabled, self.events, self._prof = enabled, [], None
 
     def __enter__(self):
+        if self.enabled and netem.virtual():   # inside emulate(link): regions are timed on the virtual clock
+            _VIRTUAL.append(self.events)
+            return self
         if self.enabled:
             self._prof = torch.autograd.profiler.profile(use_kineto=False)
             self._prof.__enter__()
@@ -45,6 +64,10 @@ class Timeline:
         return self
 
     def __exit__(self, *exc):
+        if _VIRTUAL and _VIRTUAL[-1] is self.events:
+            _VIRTUAL.pop()
+            self.events.sort(key=lambda ev: ev[2])
+            return False
         if self._prof is None:
             return False
         self._prof.__exit__(*exc)

@@ -13,7 +13,6 @@ so that traffic.metered counts its bytes and netem.emulate delays them: the fair
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +20,7 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
+from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
@@ -105,12 +105,13 @@ class BucketReducer:
 
 def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int = 256, seed: int = 0,
              method: str = "naive", collective: str = "torch", bucket_bytes: int = 1 << 20, overlap: bool = False,
-             accum: int = 1, link=None, profile: bool = False) -> dict:
+             accum: int = 1, link=None, profile: bool = False, compute_s: float | None = None) -> dict:
     """Run on every rank: data-parallel SGD where each of the world's ranks trains on its own shard.
 
     accum > 1 splits each rank's batch into `accum` micro-batches and all-reduces once per step (DDP: no_sync on
     all but the last). Returns final flat parameters, per-step losses, seconds and bytes (sent, received; only the
-    course ring's messages are counted), and timeline events.
+    course ring's messages are counted), and timeline events. `link`: a netem link that the course ring's
+    messages cross, timed on its virtual clock; `compute_s`: a fixed emulated cost added to each step's backward.
     """
     if method not in ("naive", "bucket", "ddp"):
         raise ValueError(f"method must be 'naive', 'bucket' or 'ddp', got {method!r}")
@@ -133,7 +134,7 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
     losses, step_s = [], []
     with emulate(link), metered(meter), tl:
         for step in range(steps):
-            t = time.perf_counter()
+            t = netem.now()
             xb, yb = worker_batch(x, y, rank, n, batch_size, step, seed)
             model.zero_grad()
             total = 0.0
@@ -145,6 +146,8 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
                 with sync, region("compute", "forward+backward"):
                     loss = nn.functional.cross_entropy(model(xm.to(dev)), ym.to(dev)) / accum
                     loss.backward()
+                    if compute_s is not None and last:
+                        netem.compute(compute_s)
                 total += loss.item()
             if method == "naive":
                 for p in model.parameters():
@@ -158,7 +161,7 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
                     p -= lr * p.grad
             meter.step()
             losses.append(total)
-            step_s.append(time.perf_counter() - t)
+            step_s.append(netem.now() - t)
     inner = model.module if method == "ddp" else model
     flat = flat_params(inner)
     return {"params": flat.cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,

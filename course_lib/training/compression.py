@@ -16,7 +16,6 @@ start). Which tensors are compressed follows torch's DDP hook (ddp_comm_hooks.po
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.distributed as dist
@@ -24,6 +23,7 @@ from torch import nn
 
 from .. import device
 from ..collectives import chunk_bounds, ring_all_gather, ring_all_reduce
+from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
@@ -141,7 +141,7 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
     losses, step_s = [], []
     with emulate(link), metered(meter):
         for step in range(steps):
-            t = time.perf_counter()
+            t = netem.now()
             xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
             model.zero_grad()
             loss = nn.functional.cross_entropy(model(xb.to(device(), dtype)), yb.to(device()))
@@ -161,7 +161,7 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
                 update = torch.zeros_like(memory).index_add_(0, all_idx.long(), all_vals) / p
                 set_flat_params(model, flat_params(model) - update)
             meter.step()
-            step_s.append(time.perf_counter() - t)
+            step_s.append(netem.now() - t)
             losses.append(loss.item())
     final_loss, acc = evaluate(model)
     return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,

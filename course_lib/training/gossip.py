@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 
 import torch
 import torch.distributed as dist
@@ -27,6 +26,7 @@ from torch import nn
 
 from .. import device
 from ..collectives.p2p import post_together
+from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
@@ -216,7 +216,7 @@ def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, l
     losses, step_s, consensus = [], [], []
     with emulate(link), metered(meter):
         for step in range(steps):
-            t = time.perf_counter()
+            t = netem.now()
             xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
             model.zero_grad()
             loss = nn.functional.cross_entropy(model(xb.to(device())), yb.to(device()))
@@ -225,7 +225,7 @@ def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, l
             gossip_round(flat, topology, step)                     # then average with the neighbours
             set_flat_params(model, flat)
             meter.step()
-            step_s.append(time.perf_counter() - t)
+            step_s.append(netem.now() - t)
             losses.append(loss.item())
             if measure_consensus:
                 consensus.append(consensus_distance(flat))

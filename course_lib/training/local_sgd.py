@@ -13,14 +13,13 @@ first step costs about a second in every fresh rank process on a small CPU.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
+from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
@@ -70,14 +69,15 @@ def _all_reduce(name: str):
 def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
                     seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, link=None,
                     all_reduce: str = "ring", straggler=None, eval_every: int = 0, outer_step=None,
-                    dtype: torch.dtype = torch.float32, inner: str | None = None) -> dict:
+                    dtype: torch.dtype = torch.float32, inner: str | None = None, compute_s: float = 0.0) -> dict:
     """Run on every rank: local SGD (outer=None: H SGD steps, then average the models) or DiLoCo
     (outer="nesterov": H AdamW steps, then diloco_outer_step). A sync happens after steps H, 2H, ...
     inner="adamw" with outer=None: local SGD's plain average with DiLoCo's AdamW inner steps (notebook 11b's control).
 
     eval_every > 0: at each sync whose step is a multiple of it, rank 0 records (step, bytes sent so far, training
-    seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `straggler`: (rank,
-    factor[, compute_s]) for straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
+    seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `compute_s`: a fixed
+    emulated compute per step (on netem's virtual clock inside a link); `straggler`: (rank, factor[, compute_s]) for
+    straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
     (exercise 11b.1). dtype=torch.float64 for comparisons with `simulate` that float32 cannot decide (AdamW:
     diloco_atol). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
     compute seconds, and those evaluations.
@@ -89,7 +89,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     adamw = outer is not None if inner is None else inner == "adamw"
     rank, p = dist.get_rank(), dist.get_world_size()
     model = make_mlp(hidden, seed, dtype).to(device())
-    slow = Straggler(model, *(straggler or (-1, 1.0)))
+    slow = Straggler(model, *(straggler or (-1, 1.0, compute_s)))
     params = list(model.parameters())
     m, v = [torch.zeros_like(q) for q in params], [torch.zeros_like(q) for q in params]
     anchor = flat_params(model)
@@ -99,7 +99,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     losses, step_s, evals, trained = [], [], [], 0.0
     with emulate(link), metered(meter):
         for step in range(steps):
-            t = time.perf_counter()
+            t = netem.now()
             xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
             model.zero_grad()
             loss = nn.functional.cross_entropy(model(xb.to(device(), dtype)), yb.to(device()))
@@ -121,7 +121,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
                     diloco_outer_step(flat, anchor, buf, reduce)
                 set_flat_params(model, flat)
             meter.step()
-            step_s.append(time.perf_counter() - t)
+            step_s.append(netem.now() - t)
             trained += step_s[-1]
             losses.append(loss.item())
             if eval_every and rank == 0 and (step + 1) % H == 0 and (step + 1) % eval_every == 0:

@@ -11,14 +11,13 @@ netem.emulate see all of them.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .. import device
 from ..collectives import chunk_bounds
+from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
@@ -70,7 +69,7 @@ def _async_server(shard, workers, steps, lr, meter):
     return {"staleness": staleness}
 
 
-def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n, data=None):
+def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n, data=None, compute_s=None):
     x, y = load_digits() if data is None else data
     dev = next(model.parameters()).device
     flat = flat_params(model)
@@ -91,13 +90,15 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
         pull()
     meter.skip()   # the first pull is not part of any step
     for step in range(steps):
-        t = time.perf_counter()
+        t = netem.now()
         xb, yb = worker_batch(x, y, wid, n, batch_size, step, seed)
         with region("compute", "forward+backward"):
             model.zero_grad()
             loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
             loss.backward()
             g = flat_grads(model)
+            if compute_s is not None:
+                netem.compute(compute_s)
         with region("comm", "push grads"):
             msgs = [torch.cat([g[lo:hi], torch.full((extra,), versions[i], device=dev)])
                     for i, (lo, hi) in enumerate(bounds)]
@@ -106,17 +107,19 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
             pull()
         meter.step()
         losses.append(loss.item())
-        step_s.append(time.perf_counter() - t)
+        step_s.append(netem.now() - t)
     return {"losses": losses, "step_s": step_s}
 
 
 def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
-             seed: int = 0, mode: str = "sync", link=None, profile: bool = False) -> dict:
+             seed: int = 0, mode: str = "sync", link=None, profile: bool = False,
+             compute_s: float | None = None) -> dict:
     """Run on every rank (course_lib.run or torchrun): ranks < n_servers serve, the rest train.
 
     Returns this rank's role, final flat parameters (workers: the model; servers: their shard), per-step bytes
     (sent, received), per-step seconds and losses (workers), staleness (async servers), and timeline events.
-    `link`: a netem link (or its name) that every message crosses; `profile`: record the timeline.
+    `link`: a netem link (or its name) that every message crosses, timed on its virtual clock; `compute_s`: a
+    fixed emulated cost added to each worker's forward+backward; `profile`: record the timeline.
     """
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
@@ -142,7 +145,7 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
             out.update(role="server", params=shard)
         else:
             out = _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, rank - k, len(workers),
-                          data)
+                          data, compute_s)
             out.update(role="worker", params=flat_params(model))
     out.update(traffic=meter.steps, timeline=tl.events, model_bytes=flat.numel() * flat.element_size())
     return out

@@ -1,11 +1,12 @@
 """A straggler (掉队者) on purpose: one rank whose forward and backward take `factor` times as long (notebook 11b).
 
-Hooks on the model time each step's compute, from the forward call to the last gradient of backward. With
-compute_s = 0 the chosen rank sleeps (factor - 1) times its measured compute. With compute_s > 0 every rank's compute
-is padded by sleeping to compute_s seconds (the straggler's to factor * compute_s): a stand-in for a GPU step of
-known length, since this model's real step (about a millisecond on a CPU) is shorter than a loaded machine's
-messaging noise. Sleeping, not spinning, so the ranks sharing this machine's cores keep their speed. Every rank
-records its compute seconds per step (sleep included): step time - compute time = time spent waiting for others.
+Hooks on the model time each step's compute, from the forward call to the last gradient of backward. Inside
+netem.emulate(link) every rank's compute costs a fixed compute_s on the virtual clock (the straggler's factor *
+compute_s): a stand-in for a GPU step of known length, the same on any machine. Outside it, with compute_s = 0 the
+chosen rank sleeps (factor - 1) times its measured compute, and with compute_s > 0 every rank's compute is padded by
+sleeping to compute_s (the straggler's to factor * compute_s); sleeping, not spinning, so the ranks sharing this
+machine's cores keep their speed. Every rank records its compute seconds per step: step time - compute time = time
+spent waiting for others.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 
 import torch.distributed as dist
 from torch import nn
+
+from ..measure import netem
 
 
 class Straggler:
@@ -39,7 +42,11 @@ class Straggler:
 
     def _grad_done(self, param):
         self._left -= 1
-        if self._left == 0 and self._t0 is not None:
+        if self._left == 0 and self._t0 is not None and netem.virtual():
+            netem.compute(self.floor)
+            self.compute_s.append(self.floor)
+            self._t0 = None
+        elif self._left == 0 and self._t0 is not None:
             work = time.perf_counter() - self._t0
             extra = self.floor - work if self.floor else (self.factor - 1) * work
             if extra > 0:

@@ -72,12 +72,12 @@ def local_sgd(curves: dict, link_name: str):
         a.semilogx([p[1] / 1e6 for p in sent], [p[3] for p in sent], "o-", ms=3, color=c, label=label)
         b.plot([p[2] for p in pts], [p[3] for p in pts], "o-", ms=3, color=c, label=label)
     a.set_xlabel("MB sent by each rank so far (log)")
-    b.set_xlabel(f"seconds of training so far, emulated {link_name}")
+    b.set_xlabel(f"seconds of training so far (virtual clock: compute + emulated {link_name})")
     for ax in (a, b):
         ax.set_ylabel("loss on all digits")
     b.legend(fontsize=7)        # one legend: the colours are the same in both panels
     a.set_title("loss against bytes", fontsize=9)
-    b.set_title("loss against wall time", fontsize=9)
+    b.set_title("loss against time", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -121,7 +121,7 @@ def comparison(rows: list[dict], projected: dict, n_big: int, link_name: str):
     b.set_xscale("log")
     b.set_xlim(1, 2 * max(max(by[n]["step_ms_fast"], by[n]["step_ms_slow"]) for n in names))
     b.xaxis.set_minor_formatter(NullFormatter())
-    b.set_xlabel("ms per step, measured (log)")
+    b.set_xlabel("ms per step, virtual clock (log)")
     b.set_title("step time on an emulated fast and slow link", fontsize=9)
     b.legend(fontsize=7, loc="lower right")
     c.barh(y, [projected[n] * 1e3 for n in names], color="C5")

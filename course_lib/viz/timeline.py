@@ -27,7 +27,7 @@ def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=N
     ax.set_yticks([r + 0.5 for r in range(n)])
     ax.set_yticklabels(labels or [f"rank {r}" for r in range(n)])
     ax.set_ylim(n, 0)
-    ax.set_xlabel("time since the barrier (ms)")
+    ax.set_xlabel("time since the ranks started together (ms)")
     if until is not None:
         ax.set_xlim(0, until * 1e3)
     for label, t in (marks or {}).items():
