@@ -104,3 +104,17 @@ def test_published_nccl_sweep_is_alpha_plus_beta_n_within_25_percent_in_two_piec
     small, large = pieces
     assert 10e-6 < small["alpha"] < 30e-6                      # tens of microseconds of latency
     assert 450 < 1 / large["beta"] / 1e9 * 2 * 7 / 8 < 500     # asymptotic busbw above the 450 GB/s NVLink line rate
+
+
+def test_hierarchical_allreduce_is_a_ring_inside_and_a_ring_across_on_a_1_over_g_shard():
+    a_in, b_in, a_out, b_out, n = 3e-6, 1 / 450e9, 5e-6, 1 / 50e9, 100e6
+    # one node: only the inside rings; one GPU per node: a plain ring across the nodes
+    assert cm.hierarchical_allreduce(1, 8, n, a_in, b_in, a_out, b_out) == pytest.approx(
+        cm.ring_allreduce(8, n, a_in, b_in))
+    assert cm.hierarchical_allreduce(16, 1, n, a_in, b_in, a_out, b_out) == pytest.approx(
+        cm.ring_allreduce(16, n, a_out, b_out))
+    # 128 nodes of 8: the slow links carry n/8, and the latency is 2(8-1) fast + 2(128-1) slow hops, not 2(1024-1)
+    t = cm.hierarchical_allreduce(128, 8, n, a_in, b_in, a_out, b_out)
+    want = 14 * a_in + 2 * 7 / 8 * n * b_in + 254 * a_out + 2 * 127 / 128 * n / 8 * b_out
+    assert t == pytest.approx(want)
+    assert t < cm.ring_allreduce(1024, n, a_out, b_out) / 4

@@ -81,6 +81,17 @@ def double_tree_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gam
     return 2 * lg(p) * alpha + 2 * n_bytes * beta + n_bytes * gamma
 
 
+def hierarchical_allreduce(nodes: int, per_node: int, n_bytes: float, alpha_in: float, beta_in: float,
+                           alpha_out: float, beta_out: float) -> float:
+    """2-D (hierarchical) all-reduce: ring reduce-scatter inside each node, ring all-reduce of each 1/per_node shard
+    across the nodes (GPU i of every node, each with its own NIC), ring all-gather inside the node (Mikami et al.,
+    "Massively Distributed SGD", arXiv:1811.05233, 2018, 2D-torus all-reduce). The slow links carry n/per_node.
+    """
+    inside = ring_reduce_scatter(per_node, n_bytes, alpha_in, beta_in) + ring_all_gather(per_node, n_bytes, alpha_in,
+                                                                                           beta_in)
+    return inside + ring_allreduce(nodes, n_bytes / per_node, alpha_out, beta_out)
+
+
 def star_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
     """Naive star: the root receives p-1 tensors, reduces, sends p-1 back over its one link (2(p-1) n bytes).
 
