@@ -66,6 +66,32 @@ def test_async_ps_records_staleness_and_learns():
     assert max(s for _, s in stale) >= 1      # with 3 workers some gradient is always computed on old weights
 
 
+def _first_come_server(shard, workers, steps, lr):
+    """A notebook-style async server (08's async_server): the version rides in each message's last element."""
+    version, order = 0, []
+    msg = torch.cat([shard, torch.zeros(1)])
+    inbox = torch.empty_like(msg)
+    for w in workers:
+        torch.distributed.send(msg, w)
+    for _ in range(len(workers) * steps):
+        w = torch.distributed.recv(inbox)
+        order.append((w, version - int(inbox[-1])))
+        shard -= lr / len(workers) * inbox[:-1]
+        version += 1
+        msg[:-1], msg[-1] = shard, version
+        torch.distributed.send(msg, w)
+    return {"order": order}
+
+
+def test_ps_train_runs_a_server_loop_written_in_a_notebook():
+    res = run(ps_train, world_size=3, kwargs=dict(steps=4, batch_size=BATCH, mode="async", lr=0.3,
+                                                 server=_first_come_server), output="none", timeout=60)
+    order = res.values[0]["order"]
+    assert len(order) == 2 * 4 and {w for w, _ in order} == {1, 2} and min(s for _, s in order) >= 0
+    assert res.values[0]["traffic"] == []          # the notebook's loop counts no steps
+    assert all(len(v["losses"]) == 4 for v in res.values[1:])
+
+
 def test_buckets_follow_backward_order_and_size():
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 10))
     groups = buckets(list(model.parameters()), 2000)

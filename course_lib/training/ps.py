@@ -113,13 +113,14 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
 
 def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
              seed: int = 0, mode: str = "sync", link=None, profile: bool = False,
-             compute_s: float | None = None) -> dict:
+             compute_s: float | None = None, server=None) -> dict:
     """Run on every rank (course_lib.run or torchrun): ranks < n_servers serve, the rest train.
 
     Returns this rank's role, final flat parameters (workers: the model; servers: their shard), per-step bytes
     (sent, received), per-step seconds and losses (workers), staleness (async servers), and timeline events.
     `link`: a netem link (or its name) that every message crosses, timed on its virtual clock; `compute_s`: a
-    fixed emulated cost added to each worker's forward+backward; `profile`: record the timeline.
+    fixed emulated cost added to each worker's forward+backward; `profile`: record the timeline; `server(shard,
+    workers, steps, lr)`: a server loop written in a notebook (08's async_server) in place of the built-in one.
     """
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
@@ -141,7 +142,10 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
         if rank < k:
             lo, hi = bounds[rank]
             shard = flat[lo:hi].clone()
-            out = (_sync_server if mode == "sync" else _async_server)(shard, workers, steps, lr, meter)
+            if server is not None:      # the notebook's own loop: it counts no steps, so traffic stays empty
+                out = dict(server(shard, workers, steps, lr) or {})
+            else:
+                out = (_sync_server if mode == "sync" else _async_server)(shard, workers, steps, lr, meter)
             out.update(role="server", params=shard)
         else:
             out = _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, rank - k, len(workers),
