@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.pipeline import check_loss_scaling, check_min_microbatches, check_one_f_one_b
+from course_lib.checks.pipeline import check_capped_order, check_loss_scaling, check_min_microbatches
 
 
 def _loop(p, target):
@@ -62,42 +62,67 @@ def test_14_1_refuses_to_run_with_the_library_formula():
 def test_14_2_a_switched_off_order_is_the_exercises_failure():
     from course_lib.training.pipeline import one_f_one_b_order
 
-    def tries_library(stage, p, m):
+    def tries_library(stage, p, m, cap):
         try:
-            return one_f_one_b_order(stage, p, m)
+            order = one_f_one_b_order(stage, p, m)
         except Exception:
-            return _gpipe(stage, p, m)
+            order = _counted(stage, p, m, cap)
+        return order
 
-    with pytest.raises(ExerciseFailed, match=r"Exercise 14.2 .* is about the 1F1B order; .*switched off.*\nHint:"):
-        check_one_f_one_b(tries_library)
-
-
-def _gpipe(stage, p, m):
-    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    with pytest.raises(ExerciseFailed, match=r"Exercise 14.2 .* is about scheduling under a memory cap; "
+                                             r".*switched off.*\nHint:"):
+        check_capped_order(tries_library)
 
 
-def _circular(stage, p, m):           # stage 0 backs up before stage 1 has run its forwards: each waits for the other
-    if stage == 0:
-        return [a for i in range(m) for a in (("F", i), ("B", i))]
-    return _gpipe(stage, p, m)
+def _counted(stage, p, m, cap):       # a correct order written another way: forward while under the limit
+    order, f, b, limit = [], 0, 0, min(cap, p - stage)
+    while b < m:
+        if f < m and f - b < limit:
+            order.append(("F", f))
+            f += 1
+        else:
+            order.append(("B", b))
+            b += 1
+    return order
 
 
-def _late(stage, p, m):               # one warm-up forward too few: no deadlock, but a bigger bubble
-    warm = max(0, min(p - stage - 2, m))
+def _plain_1f1b(stage, p, m, cap):    # the cell's 1F1B, cap ignored: right bubble, too much memory
+    warm = min(p - stage - 1, m)
     order = [("F", i) for i in range(warm)]
     for i in range(m - warm):
         order += [("F", warm + i), ("B", i)]
     return order + [("B", i) for i in range(m - warm, m)]
 
 
+def _gpipe(stage, p, m, cap=None):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def _circular(stage, p, m, cap):      # stage 0 backs up before stage 1 has run its forwards: each waits for the other
+    if stage == 0:
+        return [a for i in range(m) for a in (("F", i), ("B", i))]
+    return [("F", i) for i in range(m)][:cap] + [a for i in range(min(cap, m), m) for a in (("B", i - cap),
+                                                                                              ("F", i))] \
+        + [("B", i) for i in range(max(0, m - cap), m)]
+
+
+def _one_at_a_time(stage, p, m, cap):  # within any cap and deadlock-free, but every micro-batch alone in the pipe
+    return [a for i in range(m) for a in (("F", i), ("B", i))]
+
+
+def test_14_2_accepts_a_correct_order_written_another_way():
+    check_capped_order(_counted)
+
+
 @pytest.mark.parametrize("wrong,message", [
-    (_gpipe, r"stage 1 keeps 2 micro-batches in flight.*All forwards before any backward is GPipe"),
+    (_plain_1f1b, r"stage 0 keeps 2 micro-batches in flight .*more than the cap.*That is plain 1F1B"),
+    (_gpipe, r"cap=1, stage 0 keeps 2 micro-batches in flight"),
     (_circular, r"the schedule deadlocks.*real ranks would hang in recv"),
-    (_late, r"p=2, m=2, stage 0 idles 0.500 of the step on an ideal clock, more than the 0.333"),
+    (_one_at_a_time, r"p=2, m=2, cap=2: your step takes 12 slots on the ideal clock .*can do it in 9"),
 ])
-def test_14_2_rejects_orders_that_hold_too_much_deadlock_or_idle(wrong, message):
+def test_14_2_rejects_orders_over_the_cap_deadlocked_or_slow(wrong, message):
     with pytest.raises(ExerciseFailed, match=message):
-        check_one_f_one_b(wrong)
+        check_capped_order(wrong)
 
 
 def _apply(stage, lr, scaler, ok):             # GradScaler's rules once the step knows whether it may step

@@ -1,7 +1,8 @@
-"""Checkers for the exercises of notebooks 14 and 14b: the bubble formula, the 1F1B order, loss scaling across stages.
+"""Checkers for the exercises of notebooks 14 and 14b: the bubble formula, 1F1B under a cap, loss scaling across stages.
 
 14.1 and 14.2 replay schedules on the ideal clock of course_lib.training.pipeline.simulate (forward 1 slot,
-backward 2, messages free) and, for 14.2, run the learner's order on real ranks with send/recv; 14b.1 runs the
+backward 2, messages free) and, for 14.2 (1F1B under a memory cap), run the learner's orders on real ranks with
+send/recv; 14b.1 runs the
 learner's loss-scaled step on real ranks, one stage each, an inf or a NaN injected on one stage only, against
 GradScaler's rules (training.mixed_precision.LossScaler), counting the collectives with CommLog. While the learner's
 code runs, the library functions that hold an answer, torch's GradScaler and its two kernels
@@ -92,34 +93,49 @@ def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (mic
 
 
 # ---------------------------------------------------------------------------------------------- 14.2
-def _check_order(exercise, order_fn, p, m, hint):
+def _capped_reference(stage: int, p: int, m: int, cap: int) -> list[tuple[str, int]]:
+    """1F1B with its warm-up cut to the cap: the step every answer must match or beat on the ideal clock."""
+    warm = min(p - stage - 1, cap - 1, m)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
+def _span(orders) -> int:
+    return max(e for r in pl.simulate(orders) for *_, e in r)
+
+
+def _check_order(exercise, answers, p, m, cap, hint):
+    """The learner's orders for one case (asked for while the library's schedules were off), checked."""
     orders = []
-    for s in range(p):
-        order = [tuple(a) for a in call_learner(exercise, order_fn, s, p, m, hint=hint)]
+    for s, order in enumerate(answers):
         want = sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
         if sorted(order) != want:
-            raise ExerciseFailed(f"{exercise}: p={p}, m={m}, stage {s}: your order {order} must hold ('F', i) and "
-                                 f"('B', i) once each for i = 0..{m - 1}.\nHint: {hint}")
+            raise ExerciseFailed(f"{exercise}: p={p}, m={m}, cap={cap}, stage {s}: your order {order} must hold "
+                                 f"('F', i) and ('B', i) once each for i = 0..{m - 1}.\nHint: {hint}")
         if any(order.index(("B", i)) < order.index(("F", i)) for i in range(m)):
-            raise ExerciseFailed(f"{exercise}: p={p}, m={m}, stage {s}: a backward comes before its own forward in "
-                                 f"{order}.\nHint: {hint}")
+            raise ExerciseFailed(f"{exercise}: p={p}, m={m}, cap={cap}, stage {s}: a backward comes before its own "
+                                 f"forward in {order}.\nHint: {hint}")
+        peak = pl.peak_in_flight(order)
+        if peak > cap:
+            raise ExerciseFailed(
+                f"{exercise}: p={p}, m={m}, cap={cap}, stage {s} keeps {peak} micro-batches in flight (their "
+                f"activations wait for backward), more than the cap. Your order: {order}."
+                + (" That is plain 1F1B, which holds min(p - stage, m)." if order == pl.one_f_one_b_order(s, p, m)
+                   else "") + f"\nHint: {hint}")
         orders.append(order)
     try:
-        bubble = pl.simulated_bubble(orders)
+        span = _span(orders)
     except RuntimeError as e:
-        raise ExerciseFailed(f"{exercise}: p={p}, m={m}: {e}; real ranks would hang in recv.\nHint: {hint}") from None
-    for s, order in enumerate(orders):
-        peak, want = pl.peak_in_flight(order), min(p - s, m)
-        if peak > want:
-            raise ExerciseFailed(
-                f"{exercise}: p={p}, m={m}, stage {s} keeps {peak} micro-batches in flight (their activations wait "
-                f"for backward); 1F1B keeps at most min(p - stage, m) = {want}. Your order: {order}."
-                + (" All forwards before any backward is GPipe." if peak == m else "") + f"\nHint: {hint}")
-        if bubble[s] != pl.bubble_formula(p, m):
-            raise ExerciseFailed(
-                f"{exercise}: p={p}, m={m}, stage {s} idles {float(bubble[s]):.3f} of the step on an ideal clock, "
-                f"more than the {float(pl.bubble_formula(p, m)):.3f} of (p-1)/(m+p-1): too few warm-up forwards "
-                f"leave later stages waiting. Your order: {order}.\nHint: {hint}")
+        raise ExerciseFailed(f"{exercise}: p={p}, m={m}, cap={cap}: {e}; real ranks would hang in recv. Your "
+                             f"orders: {orders}.\nHint: {hint}") from None
+    best = _span([_capped_reference(s, p, m, cap) for s in range(p)])
+    if span > best:
+        raise ExerciseFailed(
+            f"{exercise}: p={p}, m={m}, cap={cap}: your step takes {span} slots on the ideal clock (forward 1, "
+            f"backward 2); orders within the same cap can do it in {best}: a stage waits that need not. Your "
+            f"orders: {orders}.\nHint: {hint}")
     return orders
 
 
@@ -129,37 +145,41 @@ def _run_orders(orders, m, data):
     return r["params"], r["peak_bytes"], r["microbatch_bytes"]
 
 
-def check_one_f_one_b(one_f_one_b_order, exercise: str = "Exercise 14.2 (the 1F1B order)") -> None:
-    """`one_f_one_b_order(stage, p, m)` -> that stage's list of ("F", i) / ("B", i): every stage's order replayed
-    on an ideal clock for p = 2..5 and m = 1..9 (no deadlock, bubble = (p-1)/(m+p-1), at most min(p - stage, m)
-    micro-batches in flight), then run with send/recv on 2 and 4 real ranks: weights = single-process SGD."""
-    hint = ("In 1F1B a stage does some forwards before its first backward, then alternates. How many micro-batches are "
-            "in flight on stage s when the first backward reaches it?")
-    with _refusals_fail(exercise, hint), _switched_off(exercise, "the 1F1B order",
-                                                      library=[f"{PIPE}.one_f_one_b_order"]):
-        for p in range(2, 6):
-            for m in range(1, 10):
-                _check_order(exercise, one_f_one_b_order, p, m, hint)
-        real = {p: [[tuple(a) for a in one_f_one_b_order(s, p, 8)] for s in range(p)] for p in (2, 4)}
+def check_capped_order(capped_order, exercise: str = "Exercise 14.2 (1F1B under a memory cap)") -> None:
+    """`capped_order(stage, p, m, cap)` -> that stage's list of ("F", i) / ("B", i), at most `cap` micro-batches in
+    flight: replayed on an ideal clock for p = 2..5, m = 1..9, cap = 1..p (no deadlock, within the cap, a step no
+    longer than 1F1B with its warm-up cut to the cap), then run with send/recv on 4 real ranks with cap 2: weights =
+    single-process SGD, peak activation bytes = the order's micro-batches in flight."""
+    hint = ("Count the micro-batches stage s holds just before its first backward, in 1F1B and under the cap; then "
+            "check that every stage still receives the inputs it waits for.")
+    with _refusals_fail(exercise, hint), _switched_off(exercise, "scheduling under a memory cap",
+                                                      library=[f"{PIPE}.one_f_one_b_order", f"{PIPE}.gpipe_order",
+                                                               f"{__name__}._capped_reference"]):
+        cases = [(p, m, cap) for p in range(2, 6) for m in range(1, 10) for cap in range(1, p + 1)]
+        answers = {c: [[tuple(a) for a in call_learner(exercise, capped_order, s, *c, hint=hint)]
+                       for s in range(c[0])] for c in cases}
+    for case in cases:
+        _check_order(exercise, answers[case], *case, hint)
+    real = answers[(4, 8, 2)]
     reference, _ = pl.train_reference(steps=1)
-    data = load_digits()
-    for p, orders in real.items():
-        try:
-            vals = run(_run_orders, world_size=p, args=(orders, 8, data), output="none", timeout=60,
-                       nccl_rules=True).values
-        except RankFailed as e:
-            raise ExerciseFailed(f"{exercise}: your orders failed on {p} real ranks (rank {e.rank}):\n{e}\n"
-                                 f"Hint: {hint}") from None
-        from ..training.tolerance import max_diff, sgd_atol
-        for s, ((params, peak, per_mb), want) in enumerate(zip(vals, pl.stage_params(reference, p))):
-            if max_diff(params, want) > sgd_atol(1, 0.1, 32, 256):
-                raise ExerciseFailed(f"{exercise}: {p} ranks: stage {s}'s weights after one step differ from "
-                                     f"single-process SGD by {max_diff(params, want):.2e}.\nHint: {hint}")
-            if peak != min(p - s, 8) * per_mb:
-                raise ExerciseFailed(f"{exercise}: {p} ranks: stage {s} kept {peak} bytes of activations at its "
-                                     f"peak, {peak / per_mb:g} micro-batches' worth; 1F1B keeps {min(p - s, 8)}.")
-    passed(exercise, "no deadlock, bubble (p-1)/(m+p-1) and at most min(p - stage, m) micro-batches in flight "
-                     "for p = 2..5, m = 1..9; on 2 and 4 real ranks the weights equal single-process SGD")
+    try:
+        vals = run(_run_orders, world_size=4, args=(real, 8, load_digits()), output="none", timeout=60,
+                   nccl_rules=True).values
+    except RankFailed as e:
+        raise ExerciseFailed(f"{exercise}: your orders failed on 4 real ranks (rank {e.rank}):\n{e}\n"
+                             f"Hint: {hint}") from None
+    from ..training.tolerance import max_diff, sgd_atol
+    for s, ((params, peak, per_mb), want) in enumerate(zip(vals, pl.stage_params(reference, 4))):
+        if max_diff(params, want) > sgd_atol(1, 0.1, 32, 256):
+            raise ExerciseFailed(f"{exercise}: 4 ranks: stage {s}'s weights after one step differ from "
+                                 f"single-process SGD by {max_diff(params, want):.2e}.\nHint: {hint}")
+        if peak != pl.peak_in_flight(real[s]) * per_mb:
+            raise ExerciseFailed(f"{exercise}: 4 ranks: stage {s} kept {peak} bytes of activations at its peak, "
+                                 f"{peak / per_mb:g} micro-batches' worth; your order has "
+                                 f"{pl.peak_in_flight(real[s])} in flight.")
+    passed(exercise, "no deadlock, within the cap and no slower than 1F1B cut to the cap for p = 2..5, m = 1..9, "
+                     "cap = 1..p; on 4 real ranks with cap 2 the weights equal single-process SGD and the activations "
+                     "kept match your order")
 
 
 # ---------------------------------------------------------------------------------------------- 14b.1
