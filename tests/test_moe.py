@@ -1,9 +1,10 @@
 """Mixture of experts and expert parallelism (notebook 15): routing with a capacity; the expert-parallel forward
 equal to the single-process layer (float64, to the reordering bound of training/tolerance.py) on 4 ranks holding
-20-35 tokens, top-1 and top-2, with and without capacity, one and two experts per rank (the dispatch checker's test
+20-35 tokens, top-1 and top-2, with and without capacity, one and two experts per rank (the exchange checker's test
 covers 2 and 3 ranks); the bytes each
-all-to-all moved equal the formula exactly; the load-balancing loss balancing a router; and the dispatch checker
-rejecting a wrong dispatch with a message that says what is wrong."""
+all-to-all moved equal the formula exactly; the load-balancing loss balancing a router; and the checker of the
+exchange's backward (exercise 15.2) accepting two correct backwards and rejecting torch's own, a split one and a
+wrong one with a message that says what is wrong."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch.distributed as dist
 
 from course_lib import run
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.expert_parallel import check_dispatch
+from course_lib.checks.expert_parallel import check_exchange
 from course_lib.measure.alltoall_log import AllToAllLog
 from course_lib.training.moe import MoE, aux_loss, capacity, ep_bytes_formula, ep_forward, experts_of, route
 from course_lib.training.tolerance import max_diff, sum_atol
@@ -82,33 +83,65 @@ def test_the_load_balancing_loss_keeps_the_router_from_collapsing():
 
 
 RIGHT = """
-def dispatch(x, expert, n_experts):
-    p = dist.get_world_size()
-    order = expert.argsort(stable=True)
-    counts = torch.bincount(expert, minlength=n_experts)
-    recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts)
-    send = counts.view(p, -1).sum(1).tolist()
-    recv = recv_counts.view(p, -1).sum(1).tolist()
-    rows = x.new_empty(sum(recv), x.shape[1])
-    dist.all_to_all_single(rows, x[order], recv, send)
-    return rows, recv_counts.view(p, -1)
+class Exchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, out_splits, in_splits):
+        ctx.splits = (out_splits, in_splits)
+        out = rows.new_empty(sum(out_splits), rows.shape[1])
+        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty(sum(in_splits), grad.shape[1])
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
+        return back, None, None
 """
 
-UNSORTED = RIGHT.replace("x[order]", "x")                                   # rows not grouped by destination
-GATHER = """
-def dispatch(x, expert, n_experts):
-    parts = [torch.empty(100, 2) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, torch.zeros(100, 2))
-    return x, None
+# correct, written another way: backward is the class's own forward with the splits swapped
+RECURSIVE = RIGHT.replace("""        back = grad.new_empty(sum(in_splits), grad.shape[1])
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
+        return back, None, None""", """        return Exchange.apply(grad, in_splits, out_splits), None, None""")
+# the shortcut: torch's own differentiable all-to-all
+TORCHS = """
+class Exchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, out_splits, in_splits):
+        ctx.splits = (out_splits, in_splits)
+        out = rows.new_empty(sum(out_splits), rows.shape[1])
+        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed.nn.functional as F
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty(sum(in_splits), grad.shape[1])
+        return F.all_to_all_single(back, grad.contiguous(), in_splits, out_splits), None, None
 """
+# right numbers, wrong method: the reverse exchange in two calls (the rows' two halves of the feature dimension)
+TWICE = RIGHT.replace("""        back = grad.new_empty(sum(in_splits), grad.shape[1])
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
+        return back, None, None""", """        halves = []
+        for part in grad.chunk(2, dim=1):
+            back = part.new_empty(sum(in_splits), part.shape[1])
+            dist.all_to_all_single(back, part.contiguous(), in_splits, out_splits)
+            halves.append(back)
+        return torch.cat(halves, 1), None, None""")
+# a wrong result with the right bytes: the reverse exchange of the gradient rows in the wrong order
+FLIPPED = RIGHT.replace("dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)",
+                        "dist.all_to_all_single(back, grad.flip(0).contiguous(), in_splits, out_splits)")
 
 
-def test_dispatch_checker_passes_the_right_answer_and_names_what_is_wrong(capsys):
+def test_exchange_checker_accepts_correct_backwards_and_names_what_is_wrong(capsys):
     g = {"torch": torch, "dist": dist}
-    check_dispatch(notebook_function(RIGHT, "dispatch", **g))
-    assert "✓ Exercise 15.2" in capsys.readouterr().out
-    with pytest.raises(ExerciseFailed, match="received rows"):
-        check_dispatch(notebook_function(UNSORTED, "dispatch", **g))
-    with pytest.raises(ExerciseFailed, match="all_gather is switched off"):
-        check_dispatch(notebook_function(GATHER, "dispatch", **g))
+    for src in (RIGHT, RECURSIVE):
+        check_exchange(notebook_function(src, "Exchange", **g))
+        assert "✓ Exercise 15.2" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match=r"is about the exchange's backward; .*all_to_all_single is switched off"):
+        check_exchange(notebook_function(TORCHS, "Exchange", **g))
+    with pytest.raises(ExerciseFailed, match=r"backward made 4 all_to_all_single calls for the layer's 2 exchanges"):
+        check_exchange(notebook_function(TWICE, "Exchange", **g))
+    with pytest.raises(ExerciseFailed, match=r"2 ranks, rank \d: the gradient of this rank's tokens is off by"):
+        check_exchange(notebook_function(FLIPPED, "Exchange", **g))

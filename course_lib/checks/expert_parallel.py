@@ -1,4 +1,4 @@
-"""Checkers for the exercises of notebooks 15 and 15b: mesh groups, expert-parallel dispatch, causal ring attention.
+"""Checkers for the exercises of notebooks 15 and 15b: mesh groups, the exchange's backward, causal ring attention.
 
 Each runs the learner's function (on real ranks where it communicates) with the course's own answer and the
 collectives the exercise is not about switched off (switch_off.py), compares with the library reference
@@ -102,89 +102,96 @@ def check_mesh_groups(mesh_groups, exercise: str = "Exercise 15.1 (mesh groups)"
                      f"{', '.join(str(s) for s in PAPER_MESHES)}")
 
 
-# ------------------------------------------------------------------ 15.2 expert-parallel dispatch
+# ------------------------------------------------------------------ 15.2 the exchange autograd goes through
 
-N_EXPERTS, D = 6, 2
-
-
-def _tokens(rank, p):
-    """Rank r's tokens: rows r*100 + i (so a misplaced row shows), and their experts. Expert 1 gets no token from
-    anyone; rank 0 sends nothing to the last rank (a zero split size both ways)."""
-    g = torch.Generator().manual_seed(10 + rank)
-    t = 4 + 3 * rank
-    per = N_EXPERTS // p
-    high = N_EXPERTS - per if rank == 0 else N_EXPERTS
-    expert = torch.randint(0, high, (t,), generator=g)
-    expert[expert == 1] = 0
-    x = (rank * 100 + torch.arange(t, dtype=torch.float32))[:, None] + torch.tensor([0.0, 0.5])
-    return x, expert
+MOE = "course_lib.training.moe"
+LAYER = dict(d=4, hidden=8, n_experts=6, k=2, capacity_factor=None)
+TORCH_AUTOGRAD_A2A = ["torch.distributed.nn.functional.all_to_all_single",
+                      "torch.distributed.nn.functional._AlltoAllSingle.forward",
+                      "torch.distributed._functional_collectives.all_to_all_single_autograd"]
 
 
-def _expected_dispatch(rank, p):
-    per = N_EXPERTS // p
-    rows, counts = [], torch.zeros(p, per, dtype=torch.long)
-    for j in range(p):
-        x, e = _tokens(j, p)
-        order = e.argsort(stable=True)
-        x, e = x[order], e[order]
-        mine = (e // per) == rank
-        rows.append(x[mine])
-        counts[j] = torch.bincount(e[mine] - rank * per, minlength=per)
-    x, e = _tokens(rank, p)
-    to = [int(((e // per) == j).sum()) * D * 4 for j in range(p)]
-    return torch.cat(rows), counts, to
+def _tokens_and_weights(rank):
+    """Rank r's tokens (3 + 4r of them: uneven splits, some empty at 3 ranks) and the loss's weights for them."""
+    g = torch.Generator().manual_seed(50 + rank)
+    n = 3 + 4 * rank
+    return torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(n, 4, generator=g, dtype=torch.float64)
 
 
-def _run_dispatch(fn, exercise):
+def _run_exchange(exchange_cls, exercise):
+    """On every rank: the expert-parallel layer with the learner's exchange, forward and backward, logged."""
     import torch.distributed as dist
 
     from ..measure.alltoall_log import AllToAllLog
     from ..runtime.devices import device
+    from ..training.moe import MoE, ep_forward
     from .switch_off import switched_off
-    rank, p = dist.get_rank(), dist.get_world_size()
-    x, e = (t.to(device()) for t in _tokens(rank, p))        # NCCL moves only tensors on the rank's GPU
-    with switched_off(exercise, forbid=everything_but("all_to_all"),
-                      why="dispatching with all_to_all_single", library=["course_lib.training.moe.ep_forward"]):
-        with AllToAllLog() as log:
-            got = fn(x, e, N_EXPERTS)
-    if isinstance(got, (tuple, list)):
-        got = tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in got)
-    return {"got": got, "calls": [(c.to, c.frm) for c in log.calls], "rank": rank}
+    rank = dist.get_rank()
+    layer = MoE(**LAYER).to(device())
+    x, c = (t.to(device()) for t in _tokens_and_weights(rank))
+    x.requires_grad_(True)
+    with switched_off(exercise, forbid=everything_but("all_to_all"), why="the exchange's backward",
+                      library=[f"{MOE}.ExchangeRows.forward", f"{MOE}.ExchangeRows.backward", *TORCH_AUTOGRAD_A2A]):
+        with AllToAllLog() as fwd:
+            y = ep_forward(x, layer, exchange=exchange_cls.apply)
+        with AllToAllLog() as bwd:
+            (y * c).sum().backward()
+    return {"rank": rank, "x_grad": None if x.grad is None else x.grad.cpu(),
+            "grads": {n: q.grad.cpu() for n, q in layer.named_parameters() if q.grad is not None},
+            "fwd": [(e.to, e.frm) for e in fwd.calls], "bwd": [(e.to, e.frm) for e in bwd.calls]}
 
 
-def check_dispatch(dispatch, exercise: str = "Exercise 15.2 (expert-parallel dispatch)") -> None:
-    """`dispatch(x, expert, n_experts)` -> (rows received, counts): every row of x goes to the rank holding its
-    expert (rank r holds experts r*E/p .. (r+1)*E/p - 1), with two all_to_all_single: the counts, then the rows
-    with uneven split sizes. Received rows ordered by source rank, then expert, then original order; counts a
-    p x E/p tensor (rows from each source for each of my experts). 2 and 3 ranks, zero-size splits included."""
-    hint = ("Before all_to_all_single can move rows, every rank must know how many rows it sends to each rank and how "
-            "many it will receive. Where do the receive counts come from, and in which order must the rows be?")
+def check_exchange(exchange_cls, exercise: str = "Exercise 15.2 (the exchange's backward)") -> None:
+    """`exchange_cls`, a torch.autograd.Function: apply(rows, out_splits, in_splits) moves rows with one
+    all_to_all_single and its backward sends the gradients back. Plugged into the expert-parallel MoE (dispatch and
+    combine, top-2, 6 experts, uneven tokens per rank) on 2 and 3 ranks: the gradients of every rank's tokens, of
+    the experts and of the gate equal single-process autograd; backward makes one all_to_all_single per exchange,
+    each moving exactly the bytes its forward moved, the other way. torch's differentiable all-to-alls are off."""
+    from ..training.moe import MoE
+
+    hint = ("In forward, in_splits[j] rows went to rank j and out_splits[j] rows came from rank j. Where must the "
+            "gradient of each row that arrived go, and how many gradient rows does each rank get back?")
     for world in (2, 3):
-        vals = _launch(exercise, _run_dispatch, world, (dispatch, exercise), hint)
+        vals = _launch(exercise, _run_exchange, world, (exchange_cls, exercise), hint)
+        layer = MoE(**LAYER)                                  # the single-process reference, same weights
+        xs = []
+        total = 0.0
+        for r in range(world):
+            x, c = _tokens_and_weights(r)
+            xs.append(x.requires_grad_(True))
+            total = total + (layer(x) * c).sum()
+        total.backward()
+        # float64, the same products summed in another order (at most ~50 terms of size < 10): far below 1e-12
+        atol = 1e-12
         for v in vals:
-            rank, got = v["rank"], v["got"]
-            want_rows, want_counts, want_to = _expected_dispatch(rank, world)
-            case = f"{world} ranks, rank {rank}"
-            if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                raise ExerciseFailed(f"{exercise}: {case}: return (rows received, counts); got {type(got)}.")
-            rows, counts = got
-            if len(v["calls"]) != 2:
-                raise ExerciseFailed(f"{exercise}: {case}: {len(v['calls'])} all_to_all_single calls; expected 2 "
-                                     f"(the counts, then the rows).\nHint: {hint}")
-            sent_to = v["calls"][1][0]
-            if sent_to != want_to:
-                raise ExerciseFailed(f"{exercise}: {case}: the rows' all_to_all_single sent {sent_to} bytes to ranks "
-                                     f"0..{world - 1}; your rows for rank j's experts are {want_to} bytes.\n"
+            case = f"{world} ranks, rank {v['rank']}"
+            if len(v["fwd"]) != 3:
+                raise ExerciseFailed(f"{exercise}: {case}: the layer's forward made {len(v['fwd'])} all_to_all_single "
+                                     f"calls; the counts, the dispatch and the combine make 3: your forward should "
+                                     f"make exactly one.\nHint: {hint}")
+            if len(v["bwd"]) != 2:
+                raise ExerciseFailed(f"{exercise}: {case}: backward made {len(v['bwd'])} all_to_all_single calls for "
+                                     f"the layer's 2 exchanges; each exchange's backward is one exchange.\n"
                                      f"Hint: {hint}")
-            if tuple(rows.shape) != tuple(want_rows.shape) or not torch.equal(rows.cpu(), want_rows):
-                raise ExerciseFailed(f"{exercise}: {case}: received rows {rows.cpu()[:, 0].tolist()} (first column); "
-                                     f"expected {want_rows[:, 0].tolist()} (source rank r sent rows r*100 + i).\n"
-                                     f"Hint: {hint}")
-            if not torch.equal(torch.as_tensor(counts).cpu().reshape(world, -1).long(), want_counts):
-                raise ExerciseFailed(f"{exercise}: {case}: counts {torch.as_tensor(counts).tolist()}; expected "
-                                     f"{want_counts.tolist()} (row j: what rank j sent to each of my experts).")
-    passed(exercise, "every rank received exactly its experts' rows, in order, on 2 and 3 ranks, with two "
-                     "all_to_all_single and the right split sizes (empty splits included)")
+            for (to, frm), (fto, ffrm), name in ((v["bwd"][0], v["fwd"][2], "combine"),
+                                                 (v["bwd"][1], v["fwd"][1], "dispatch")):
+                if to != ffrm or frm != fto:
+                    raise ExerciseFailed(f"{exercise}: {case}: the {name}'s backward sent {to} bytes to ranks "
+                                         f"0..{world - 1} and received {frm}; its forward received {ffrm} and sent "
+                                         f"{fto}.\nHint: {hint}")
+            got = v["x_grad"]
+            want = xs[v["rank"]].grad
+            if got is None or tuple(got.shape) != tuple(want.shape) or (got - want).abs().max() > atol:
+                diff = "no gradient" if got is None else f"off by {(got - want).abs().max().item():.3g}"
+                raise ExerciseFailed(f"{exercise}: {case}: the gradient of this rank's tokens is {diff} against "
+                                     f"single-process autograd.\nHint: {hint}")
+        for name, q in layer.named_parameters():
+            got = sum(v["grads"][name] for v in vals if name in v["grads"])   # each expert on its rank; gate summed
+            if not isinstance(got, torch.Tensor) or (got - q.grad).abs().max() > atol:
+                raise ExerciseFailed(f"{exercise}: {world} ranks: the gradient of {name} differs from single-process "
+                                     f"autograd.\nHint: {hint}")
+    passed(exercise, "the expert-parallel layer's gradients (tokens, experts, gate) equal single-process autograd on "
+                     "2 and 3 ranks, and each backward is one all_to_all_single moving its forward's bytes back")
 
 
 # ------------------------------------------------------------------ 15b.1 causal ring attention, zig-zag layout

@@ -104,9 +104,34 @@ def experts_of(rank: int, n_experts: int, p: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-def ep_forward(x: torch.Tensor, layer: MoE) -> torch.Tensor:
+def _exchange(rows: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+    """all_to_all_single of rows: in_splits[j] rows to rank j, out_splits[j] rows from rank j (autograd stops here)."""
+    out = rows.new_empty(sum(out_splits), *rows.shape[1:])
+    dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits)
+    return out
+
+
+class ExchangeRows(torch.autograd.Function):
+    """The exchange that autograd goes through: backward sends every row's gradient back to the rank the row came
+    from, the reverse exchange with the split sizes swapped (notebook 15, exercise 15.2)."""
+
+    @staticmethod
+    def forward(ctx, rows, out_splits, in_splits):
+        ctx.splits = (list(out_splits), list(in_splits))
+        return _exchange(rows, out_splits, in_splits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return _exchange(grad, in_splits, out_splits), None, None
+
+
+def ep_forward(x: torch.Tensor, layer: MoE, exchange=None) -> torch.Tensor:
     """Expert-parallel MoE (the library copy of notebook 15's cell): this rank's tokens x go to the rank holding
-    their expert with all_to_all_single (counts first, then tokens), come back the same way, and are combined."""
+    their expert with all_to_all_single (counts first, then tokens), come back the same way, and are combined.
+    `exchange(rows, out_splits, in_splits)` moves the rows (default: all_to_all_single, which autograd stops at;
+    ExchangeRows.apply to train the experts and the gate)."""
+    move = exchange or _exchange
     rank, p = dist.get_rank(), dist.get_world_size()
     mine = experts_of(rank, layer.n_experts, p)
     r = layer.route(x)
@@ -117,15 +142,13 @@ def ep_forward(x: torch.Tensor, layer: MoE) -> torch.Tensor:
     dist.all_to_all_single(from_each, per_expert)               # entry (j, e): rows rank j sends to my expert e
     send_splits = per_expert.view(p, -1).sum(1).tolist()
     recv_splits = from_each.view(p, -1).sum(1).tolist()
-    recv = x.new_empty(sum(recv_splits), x.shape[1])
-    dist.all_to_all_single(recv, send, recv_splits, send_splits)
-    out = torch.empty_like(recv)
+    recv = move(send, recv_splits, send_splits)                 # dispatch
+    out = torch.zeros_like(recv)
     local = torch.arange(len(mine), device=x.device).repeat(p)          # received rows: by source, then by expert
     which = local.repeat_interleave(from_each)                           # my local expert of every received row
     for i, e in enumerate(mine):
         out[which == i] = layer.experts[e](recv[which == i])
-    back = torch.empty_like(send)
-    dist.all_to_all_single(back, out, send_splits, recv_splits)  # combine: the same exchange in reverse
+    back = move(out, send_splits, recv_splits)                  # combine: the same exchange in reverse
     y = torch.zeros_like(x)
     y.index_add_(0, r.token[order], r.weight[order, None] * back)
     return y
