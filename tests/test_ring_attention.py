@@ -155,6 +155,9 @@ def ring(q, k, v):
     s = (q @ keys.T / math.sqrt(q.shape[-1])).masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
     return s.softmax(-1) @ values
 """                                 # the right messages and output, but a whole row of scores at once: no ring method
+# online, right messages and output, but it keeps every block that passed
+KEPT = GOOD.replace("            kv = nxt", "            kept.append(kv)\n            kv = nxt") \
+           .replace("    kv = torch.stack([k, v])", "    kv, kept = torch.stack([k, v]), []")
 GATHERED = """
 def ring(q, k, v):
     ks = [torch.empty_like(k) for _ in range(dist.get_world_size())]
@@ -173,6 +176,8 @@ def test_ring_checker_passes_the_right_answer_and_names_what_is_wrong(capsys):
         check_causal_ring_attention(notebook_function(NO_RESCALE, "ring", **g))
     with pytest.raises(ExerciseFailed, match=r"made a aten\.\w+ result of shape \[6, 12\]"):
         check_causal_ring_attention(notebook_function(COLLECTED, "ring", **g))
+    with pytest.raises(ExerciseFailed, match=r"held 2784 bytes at once on 3 ranks and 3168 on 4: 384 more, one K/V"):
+        check_causal_ring_attention(notebook_function(KEPT, "ring", **g))
     with pytest.raises(ExerciseFailed, match="all_gather is switched off"):
         check_causal_ring_attention(notebook_function(GATHERED, "ring", **g))
 

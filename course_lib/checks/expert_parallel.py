@@ -208,7 +208,7 @@ def _run_ring(fn, exercise, chunk, d, scales):
     """On every rank, for each score scale: the learner's output, its messages and the largest tensor it made."""
     import torch.distributed as dist
 
-    from ..measure.peak_memory import LargestTensor
+    from ..measure.peak_memory import LargestTensor, peak_bytes
     from ..runtime.devices import device
     from ..training.ring_attention import positions
     from .switch_off import switched_off
@@ -224,17 +224,22 @@ def _run_ring(fn, exercise, chunk, d, scales):
                 o = fn(q, k, v)
         out.append({"out": o.cpu() if isinstance(o, torch.Tensor) else o, "record": w.record(),
                     "largest": (big.bytes, big.shape, big.op)})
-    return {"rank": rank, "scales": out}
+    q, k, v = (t.to(device())[pos] for t in _qkv(p, chunk, d, scales[0]))
+    with switched_off(exercise, forbid="all", why="passing K and V round a ring",
+                      library=[f"{RING}.ring_attention", f"{RING}.online_update", f"{RING}.attention"]):
+        live = peak_bytes(lambda: fn(q, k, v), device())[1]      # what its tensors held at once, at the peak
+    return {"rank": rank, "scales": out, "live": live}
 
 
 def check_causal_ring_attention(ring_attention_zigzag,
                                 exercise: str = "Exercise 15b.1 (causal ring attention, zig-zag)") -> None:
     """`ring_attention_zigzag(q, k, v)` -> this rank's causal attention output, its tokens being chunks r and
     2p-1-r of 2p (positions(rank, p, S, "zigzag")); K/V passed to rank+1 only, p-1 times; no collective. Compared
-    with full causal attention in float64 on 2 and 3 ranks, with moderate scores and with scores near +-1000
+    with full causal attention in float64 on 2, 3 and 4 ranks, with moderate scores and with scores near +-1000
     (where exp overflows unless the running maximum is subtracted). The method: no tensor the learner's code makes
-    may exceed one c x c block of scores or one stacked K/V pair, so neither a whole row of scores nor every rank's
-    keys ever exist on one rank (what the online softmax is for)."""
+    may exceed one c x c block of scores or one stacked K/V pair, and what its tensors hold at once may not grow by a
+    K/V pair from 3 to 4 ranks, so neither a whole row of scores nor every rank's keys ever exist on one rank (what
+    the online softmax is for)."""
     from ..training.ring_attention import attention, positions
     from .traffic import summary
 
@@ -243,8 +248,10 @@ def check_causal_ring_attention(ring_attention_zigzag,
             "one?")
     chunk, d, scales = 3, 4, (1.0, 20.0)
     c = 2 * chunk
-    for world in (2, 3):
+    live = {}
+    for world in (2, 3, 4):
         vals = _launch(exercise, _run_ring, world, (ring_attention_zigzag, exercise, chunk, d, scales), hint)
+        live[world] = max(v["live"] for v in vals)
         for i, scale in enumerate(scales):
             q, k, v = _qkv(world, chunk, d, scale)
             full = attention(q, k, v, causal=True)
@@ -281,6 +288,14 @@ def check_causal_ring_attention(ring_attention_zigzag,
                                          f"more than one {c} x {c} block of scores or one K/V pair (2 x {c} x {d}). "
                                          f"Ring attention never holds a whole row of scores or every rank's keys: "
                                          f"fold each block into (o, m, den) as it arrives.\nHint: {hint}")
-    passed(exercise, "causal attention of every zig-zag chunk equals full attention on 2 and 3 ranks, with "
-                     "scores up to ~1000, K/V sent only to the next rank, p-1 times, no collective, and no tensor "
-                     "larger than one block of scores")
+    # from 3 ranks on, a ring holds the block it computes on and the one arriving, whatever p is; a rank that keeps
+    # every block that passed holds one more K/V pair for every rank added (2 x c x d float64)
+    pair = 2 * c * d * 8
+    if live[4] - live[3] >= pair:
+        raise ExerciseFailed(f"{exercise}: your code's tensors held {live[3]} bytes at once on 3 ranks and "
+                             f"{live[4]} on 4: {live[4] - live[3]} more, one K/V pair ({pair} bytes) for the added "
+                             f"rank. A ring holds the block it works on and the one arriving, however many ranks: "
+                             f"fold each block into (o, m, den) and let it go.\nHint: {hint}")
+    passed(exercise, "causal attention of every zig-zag chunk equals full attention on 2, 3 and 4 ranks, with "
+                     "scores up to ~1000, K/V sent only to the next rank, p-1 times, no collective, no tensor "
+                     "larger than one block of scores, and memory that does not grow with the ranks")
