@@ -22,7 +22,9 @@ WORLDS = (2, 3, 4, 5)
 COURSE_COLLECTIVES = tuple(f"course_lib.collectives.{m}" for m in (
     "ring.ring_all_reduce", "ring.ring_reduce_scatter", "ring.ring_all_gather", "ring._reduce_scatter",
     "ring._all_gather", "tree.tree_reduce", "tree.tree_broadcast", "tree.tree_all_reduce", "tree._reduce",
-    "tree._broadcast", "recursive_doubling.recursive_doubling_all_reduce", "star.star_all_reduce"))
+    "tree._broadcast", "recursive_doubling.recursive_doubling_all_reduce", "star.star_all_reduce",
+    "rabenseifner.rabenseifner_all_reduce", "rabenseifner._halving", "rabenseifner._doubling",
+    "hierarchical.hierarchical_all_reduce"))
 # Every library function that returns a ring all-reduce's bytes (exercises 6.2 and 10.1 ask for them).
 RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costs.alpha_beta.allreduce_traffic",
                 "course_lib.costs.alpha_beta.ring_allreduce", "course_lib.training.compression.ring_sent_bytes",

@@ -33,21 +33,34 @@ def _pieces(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
     return [(a, min(a + seg, hi)) for a in range(lo, hi, seg)]
 
 
-def _reduce_scatter(flat, bounds, op, traffic, trace) -> None:
-    """p-1 steps; afterwards chunk r of rank r holds the reduction of every rank's chunk r.
+def _ring(members):
+    """(this rank's place in the ring, ring size, right neighbour, left neighbour) as world ranks.
+
+    members: the ring's world ranks in ring order (default: every rank); the hierarchical all-reduce runs rings
+    over the GPUs of one node and over GPU i of every node.
+    """
+    rank = dist.get_rank()
+    members = list(range(dist.get_world_size())) if members is None else list(members)
+    i, p = members.index(rank), len(members)
+    return i, p, members[(i + 1) % p], members[(i - 1) % p]
+
+
+def _reduce_scatter(flat, bounds, op, traffic, trace, members=None) -> None:
+    """p-1 steps; afterwards chunk i of the ring's i-th rank holds the reduction of every ring rank's chunk i.
 
     Within a step the chunk moves in segments of at most SEGMENT_BYTES, each sent and received as one batch
     (post_together: on NCCL unbatched sends and receives would deadlock the ring) into a two-slot buffer. Same
     bytes, same steps as sending the chunk whole (the notebook's version).
     """
-    rank, p = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
+    i, p, right, left = _ring(members)
     combine = reducer(op)
     seg = max(1, SEGMENT_BYTES // flat.element_size())
     tmp = torch.empty(2 * min(seg, max(hi - lo for lo, hi in bounds)), dtype=flat.dtype, device=flat.device)
-    right, left = (rank + 1) % p, (rank - 1) % p
     for s in range(p - 1):
-        # Shifted by one so the chunk finished last is chunk r, as in torch's reduce_scatter.
-        out_c, in_c = (rank - s - 1) % p, (rank - s - 2) % p
+        # Shifted by one so the chunk finished last is chunk i (chunk r on a ring of all ranks), as in torch's
+        # reduce_scatter.
+        out_c, in_c = (i - s - 1) % p, (i - s - 2) % p
         (olo, ohi), (ilo, ihi) = bounds[out_c], bounds[in_c]
         sends, pieces = _pieces(olo, ohi, seg), _pieces(ilo, ihi, seg)
         for k in range(max(len(sends), len(pieces))):
@@ -66,15 +79,16 @@ def _reduce_scatter(flat, bounds, op, traffic, trace) -> None:
             trace.record("reduce-scatter", [(rank, right, out_c, (ohi - olo) * flat.element_size())], flat)
 
 
-def _all_gather(flat, bounds, traffic, trace) -> None:
-    """p-1 steps; rank r starts owning chunk r and passes what it last received to its right neighbour."""
-    rank, p = dist.get_rank(), dist.get_world_size()
+def _all_gather(flat, bounds, traffic, trace, members=None) -> None:
+    """p-1 steps; the ring's i-th rank starts owning chunk i and passes what it last received to its right."""
+    rank = dist.get_rank()
+    i, p, right, left = _ring(members)
     for s in range(p - 1):
-        out_c, in_c = (rank - s) % p, (rank - s - 1) % p
+        out_c, in_c = (i - s) % p, (i - s - 1) % p
         (olo, ohi), (ilo, ihi) = bounds[out_c], bounds[in_c]
-        exchange(flat[olo:ohi], (rank + 1) % p, flat[ilo:ihi], (rank - 1) % p, traffic)
+        exchange(flat[olo:ohi], right, flat[ilo:ihi], left, traffic)
         if trace is not None:
-            trace.record("all-gather", [(rank, (rank + 1) % p, out_c, (ohi - olo) * flat.element_size())], flat)
+            trace.record("all-gather", [(rank, right, out_c, (ohi - olo) * flat.element_size())], flat)
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, op="sum", traffic: Traffic | None = None,
