@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.pipeline import check_capped_order, check_loss_scaling, check_min_microbatches
+from course_lib.checks.loss_scaling import check_loss_scaling
+from course_lib.checks.pipeline import check_capped_order, check_min_microbatches
 
 
 def _loop(p, target):

@@ -1,12 +1,8 @@
-"""Checkers for the exercises of notebooks 14 and 14b: the bubble formula, 1F1B under a cap, loss scaling across stages.
+"""Checkers for notebook 14's exercises: the bubble formula and 1F1B under a memory cap (14b.1: loss_scaling.py).
 
 14.1 and 14.2 replay schedules on the ideal clock of course_lib.training.pipeline.simulate (forward 1 slot,
-backward 2, messages free) and, for 14.2 (1F1B under a memory cap), run the learner's orders on real ranks with
-send/recv; 14b.1 runs the
-learner's loss-scaled step on real ranks, one stage each, an inf or a NaN injected on one stage only, against
-GradScaler's rules (training.mixed_precision.LossScaler), counting the collectives with CommLog. While the learner's
-code runs, the library functions that hold an answer, torch's GradScaler and its two kernels
-(torch._amp_foreach_non_finite_check_and_unscale_, torch._amp_update_scale_) are switched off (switch_off.py).
+backward 2, messages free); 14.2 then runs the learner's orders on real ranks with send/recv. While the learner's
+code runs, the library's schedules that hold an answer are switched off (switch_off.py).
 """
 
 from __future__ import annotations
@@ -14,15 +10,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from fractions import Fraction
 
-import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..runtime.launch import run
 from ..runtime.results import RankFailed
 from ..training import pipeline as pl
 from ..training.data import load_digits
-from ..training.mixed_precision import LossScaler
 from .core import ExerciseFailed, call_learner, not_attempted, passed
 from .switch_off import SwitchedOff
 
@@ -180,130 +173,3 @@ def check_capped_order(capped_order, exercise: str = "Exercise 14.2 (1F1B under 
     passed(exercise, "no deadlock, within the cap and no slower than 1F1B cut to the cap for p = 2..5, m = 1..9, "
                      "cap = 1..p; on 4 real ranks with cap 2 the weights equal single-process SGD and the activations "
                      "kept match your order")
-
-
-# ---------------------------------------------------------------------------------------------- 14b.1
-STEPS = 8
-# step -> (the one stage, its bad value, the parameter it is in): a bias too, so a check of the weight alone fails
-OVERFLOW = {2: (1, float("inf"), "weight"), 3: (0, float("nan"), "bias"), 5: (1, float("nan"), "weight"),
-            6: (0, float("inf"), "bias")}
-AMP_KERNELS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_")   # GradScaler's own, as torch ops
-
-
-@contextmanager
-def _no_amp_kernels(exercise: str):
-    """GradScaler's two kernels refused however they are reached (torch._amp_update_scale_, torch.ops.aten....):
-    a dispatch mode sees the aten operator that every road ends in."""
-    from . import switch_off
-
-    class NoAmp(switch_off._dispatch_mode_base()):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.__name__.split(".")[0]
-            if func.namespace == "aten" and name in AMP_KERNELS:
-                message = switch_off._say(exercise, "loss scaling by hand", f"GradScaler's kernel torch.{name}")
-                switch_off._attempts.append(message)
-                raise SwitchedOff(message)
-            return func(*args, **(kwargs or {}))
-
-    with NoAmp():
-        yield
-
-
-def _loss_scaling_case(learner, growth_interval, lr):
-    from ..measure.comm_log import CommLog
-    from ..runtime.devices import device
-    rank = dist.get_rank()
-    torch.manual_seed(rank)
-    stage = nn.Linear(4, 4).to(device())
-    scaler = {"scale": 2.0 ** 10, "good_steps": 0, "growth_interval": growth_interval}
-    history = []
-    for step in range(STEPS):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        for q in stage.parameters():
-            q.grad = (torch.randn(q.shape, generator=g) * scaler["scale"]).to(q.device)   # of loss x scale
-        bad_rank, bad, where = OVERFLOW.get(step, (None, None, None))
-        if bad_rank == rank:
-            getattr(stage, where).grad.view(-1)[0] = bad
-        with CommLog() as log:
-            with _switched_off("Exercise 14b.1", "loss scaling by hand",
-                               library=["torch.amp.grad_scaler.GradScaler.unscale_",
-                                        "torch.amp.grad_scaler.GradScaler.step",
-                                        "torch.amp.grad_scaler.GradScaler.update",
-                                        "course_lib.training.mixed_precision.LossScaler.update"]), \
-                    _no_amp_kernels("Exercise 14b.1"):
-                stepped = learner(stage, lr, scaler)
-        history.append((bool(stepped), scaler["scale"], scaler["good_steps"], [c.op for c in log.calls],
-                        [q.detach().cpu().clone() for q in stage.parameters()]))
-    return history
-
-
-def _reference_history(rank, growth_interval, lr):
-    torch.manual_seed(rank)
-    stage = nn.Linear(4, 4)
-    sc = LossScaler(2.0 ** 10, growth_interval=growth_interval)
-    out = []
-    for step in range(STEPS):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        grads = [torch.randn(q.shape, generator=g) * sc.scale for q in stage.parameters()]
-        found = step in OVERFLOW                        # on one stage, so on every stage
-        scale = sc.scale
-        if sc.update(found):
-            with torch.no_grad():
-                for q, gr in zip(stage.parameters(), grads):
-                    q -= lr * gr / scale
-        out.append((not found, sc.scale, sc.good_steps, [q.detach().clone() for q in stage.parameters()]))
-    return out
-
-
-def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss scaling across stages)") -> None:
-    """`scaled_sgd_step(stage, lr, scaler)` on every pipeline stage: the stage's .grad hold gradients of
-    loss x scaler["scale"]; unscale, skip the step on every stage if any stage's gradients hold inf/NaN (one
-    collective), update scaler["scale"] and scaler["good_steps"] by GradScaler's rules; return whether it stepped."""
-    hint = ("What must every stage know before any of them touches its weights, and which values count as an "
-            "overflow? Reread the statement's rules for the scale, step by step, against the numbers above.")
-    lr, growth = 0.1, 2
-    for world in (2, 3):
-        try:
-            vals = run(_loss_scaling_case, world_size=world, args=(scaled_sgd_step, growth, lr), output="none",
-                       timeout=60, nccl_rules=True).values
-        except RankFailed as e:
-            if e.failure.etype == "NotImplementedError":
-                raise not_attempted(exercise, e.failure.message) from None
-            if e.failure.etype == "SwitchedOff":
-                raise ExerciseFailed(f"{e.failure.message}\nHint: {hint}") from None
-            raise ExerciseFailed(f"{exercise}: rank {e.rank} failed with {world} stages:\n{e}\nHint: {hint}") from None
-        refs = [_reference_history(rank, growth, lr) for rank in range(world)]
-        for step in range(STEPS):
-            per_rank = [h[step] for h in vals]
-            stepped = [h[0] for h in per_rank]
-            if len(set(stepped)) > 1:
-                who = ", ".join(f"stage {r} {'stepped' if s else 'skipped'}" for r, s in enumerate(stepped))
-                raise ExerciseFailed(
-                    f"{exercise}: {world} stages, step {step}: {who}. The overflow was on one stage only; a pipeline "
-                    f"step is one step of the whole model, so every stage must skip it together.\nHint: {hint}")
-            for rank, got in enumerate(per_rank):
-                want = refs[rank][step]
-                if got[0] != want[0]:
-                    bad = ("run" if want[0] else
-                           "be skipped (a {2} gradient on stage {0} is {1})".format(*OVERFLOW[step]))
-                    raise ExerciseFailed(f"{exercise}: {world} stages, step {step}: your step "
-                                         f"{'ran' if got[0] else 'was skipped'}; it should {bad}.\nHint: {hint}")
-                if (got[1], got[2]) != (want[1], want[2]):
-                    raise ExerciseFailed(
-                        f"{exercise}: {world} stages, step {step}, stage {rank}: after the step scale = {got[1]:g}, "
-                        f"good_steps = {got[2]}; expected scale = {want[1]:g}, good_steps = {want[2]} (growth_interval "
-                        f"{growth}).\nHint: {hint}")
-                diff = max((a - b).abs().max().item() for a, b in zip(got[4], want[3]))
-                # 1e-6: updates of about lr x 1 = 0.1 on weights below 1, in float32 (u = 6e-8): lr, grad and 1/scale
-                # multiplied in another order differ by a few roundings, ~1e-8; a wrong scale or a missed skip, >= 1e-2
-                if not diff <= 1e-6:                  # also a NaN that reached the weights
-                    raise ExerciseFailed(
-                        f"{exercise}: {world} stages, step {step}, stage {rank}: weights differ from the reference by "
-                        f"{diff:.3g}; the gradients hold loss x scale: which scale, and does it change before you "
-                        f"use it?\nHint: {hint}")
-                if len(got[3]) != 1:  # any one collective that tells every stage: an all_reduce, an all_gather, ...
-                    raise ExerciseFailed(
-                        f"{exercise}: {world} stages, step {step}, stage {rank}: your step ran {got[3] or 'no '} "
-                        f"collectives; how many does it take for every stage to agree on one bit?\nHint: {hint}")
-    passed(exercise, f"2 and 3 stages, {STEPS} steps with an inf or a NaN on one stage: every stage skips together, "
-                     f"scale and weights follow GradScaler's rules, one collective per step")

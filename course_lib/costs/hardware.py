@@ -82,6 +82,12 @@ def nccl_sweep(name: str = "nccl_allreduce_sweep") -> list[dict]:
     return rows
 
 
+def nccl_tests_output(name: str = "nccl_tests_all_reduce_8xH100") -> str:
+    """A published nccl-tests output as text (data/<name>.txt): '## ' lines naming its source, then the output as
+    posted. Read it with course_lib.measure.nccl_tests.parse (notebook 07)."""
+    return (DATA_DIR / f"{name}.txt").read_text(encoding="utf-8")
+
+
 # ---------------------------------------------------------------------------------------------- memory wall
 def weights_bytes(n_params: float, bytes_per_param: float = 4) -> float:
     """Bytes of the weights alone (fp32: 4 bytes each; GPT-3: 175e9 x 4 = 700 GB)."""

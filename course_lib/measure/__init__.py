@@ -1,7 +1,7 @@
 """Measuring what a rank does: its messages, its collectives, its time and its memory (notebooks 08-15).
 
 - intercept: hooks on this rank's point-to-point calls; traffic: bytes per step counted through them; netem: a slow
-  link emulated through them.
+  link emulated through them, on a virtual clock; nccl_tests: reads nccl-tests output text (07).
 - comm_log: every collective a rank runs (ours, FSDP2's, DTensor's) with its bytes; collective_calls: every dist.*
   collective call, also from hooks on gloo's threads (11); alltoall_log: what each all-to-all sends to and receives
   from every peer (15).
