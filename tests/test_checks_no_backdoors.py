@@ -1,6 +1,6 @@
 """Every way into the answer an exercise asks for stays shut while the learner's code runs: the private halves of the
 course's own collectives (4.2, 4.3, 6.1), every library function that returns a ring's bytes (6.2, 10.1), torch's
-own bucketed all-reduce (9.2), the course's loss scaler (14b.1), gossip's neighbour tables (11.2) and the
+own DDP (9.2), the course's loss scaler (14b.1), gossip's neighbour tables (11.2) and the
 tensor-parallel layers' constructors (13.1); each refusal names what was switched off."""
 
 import pytest
@@ -10,10 +10,11 @@ import torch.distributed as dist
 from course_lib.checks.algorithms import check_ring_all_reduce, check_ring_bytes_prediction
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.decentralized import check_one_peer_gossip
-from course_lib.checks.pipeline import check_loss_scaling
+from course_lib.checks.loss_scaling import check_loss_scaling
 from course_lib.checks.primitives import check_all_gather, check_broadcast
+from course_lib.checks.reducer import check_reducer_with_unused_parameters
 from course_lib.checks.tensor_parallel import check_column_parallel_forward
-from course_lib.checks.training import check_bucket_all_reduce, check_ring_bytes
+from course_lib.checks.training import check_ring_bytes
 
 
 def _refused(what: str) -> str:
@@ -67,16 +68,17 @@ def test_no_library_function_gives_a_rings_bytes():
         check_ring_bytes(lambda n, m: zero.ring_bytes_formula("DP", [(m // 4,)], n))
 
 
-def bucket_by_torchs_own(tensors):
-    dist.all_reduce_coalesced(tensors)
-    for t in tensors:
-        t /= dist.get_world_size()
+class ReducerByTorchsOwn:                  # exercise 9.2 answered by torch's DDP and its unused-parameter search
+    def __init__(self, model, bucket_bytes):
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.ddp = DistributedDataParallel(model, find_unused_parameters=True)
 
 
-def test_torchs_own_bucketed_all_reduce_is_off_in_the_bucket_exercise():
-    with pytest.raises(ExerciseFailed, match=r"Exercise 9\.2 is about one all-reduce for a whole bucket; "
-                                             r"dist\.all_reduce_coalesced is switched off here"):
-        check_bucket_all_reduce(bucket_by_torchs_own)
+def test_torchs_own_ddp_is_off_in_the_reducer_exercise():
+    with pytest.raises(ExerciseFailed, match=r"Exercise 9\.2 is about a reducer whose buckets survive a parameter "
+                                             r"without a gradient; torch's DistributedDataParallel is switched off"):
+        check_reducer_with_unused_parameters(ReducerByTorchsOwn)
 
 
 def step_by_the_courses_scaler(stage, lr, scaler):

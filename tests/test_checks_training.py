@@ -1,7 +1,7 @@
 """Checkers of notebooks 05b, 08, 09, 12 and 13 reject the wrong solution of each kind, with its message: the
-momentum left out, batches of different sizes averaged as equal, a bucket sent in two all-reduces, ZeRO-1 through
-all-reduce, the library's tensor-parallel layer, an extra collective; 05b's checks run on a live group of ranks.
-(Each right solution passes in its worked notebook, which the notebook tests run.)"""
+momentum left out, batches of different sizes averaged as equal, ZeRO-1 through all-reduce, the library's
+tensor-parallel layer, an extra collective; 05b's checks run on a live group of ranks. (Each right solution passes
+in its worked notebook, which the notebook tests run; exercise 9.2's reducer: test_checks_reducer.py.)"""
 
 import pytest
 import torch
@@ -12,7 +12,6 @@ from course_lib.checks.sharding import check_zero1_flat_step
 from course_lib.checks.tensor_parallel import check_column_parallel_forward, check_row_parallel_linear
 from course_lib.checks.training import (
     check_average_gradients,
-    check_bucket_all_reduce,
     check_momentum_server_step,
     check_server_bytes,
 )
@@ -50,24 +49,6 @@ def test_uneven_batches_are_weighted():
         check_average_gradients(plain_mean)
     assert "with 2 ranks holding [16, 12] samples" in str(e.value)
     assert "Your gradients equal the plain mean of the ranks' gradients" in str(e.value)
-
-
-def two_buckets(tensors):
-    half = len(tensors) // 2
-    for part in (tensors[:half], tensors[half:]):
-        flat = torch.cat([t.reshape(-1) for t in part])
-        dist.all_reduce(flat)
-        flat /= dist.get_world_size()
-        off = 0
-        for t in part:
-            t.copy_(flat[off:off + t.numel()].view_as(t))
-            off += t.numel()
-
-
-def test_one_bucket_one_all_reduce():
-    with pytest.raises(ExerciseFailed, match=r"rank 0 of 2 ran \[\('all_reduce', 16\), \('all_reduce', 76\)\] "
-                                             r"\(collective, bytes\); a bucket is one all_reduce"):
-        check_bucket_all_reduce(two_buckets)
 
 
 def zero1_by_all_reduce(params, m, v, t, lr):

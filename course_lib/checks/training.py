@@ -1,4 +1,5 @@
-"""Checkers for the exercises of notebooks 08-10 (parameter server, all-reduce data parallel, PS vs all-reduce).
+"""Checkers for the exercises of notebooks 08-10 (parameter server, all-reduce data parallel, PS vs all-reduce);
+exercise 9.2's reducer is checked in reducer.py.
 
 Each runs the learner's function on real ranks (or against real measured traffic) and compares with a reference
 computed here: single-process SGD on the combined batch (with momentum, or with ranks' batches of different sizes),
@@ -13,9 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import device
 from ..costs import alpha_beta
-from ..measure.c10d_ops import everything_but
 from ..training import tolerance
 from ..training.allreduce import dp_train
 from ..training.data import combined_batch, load_digits, shard_indices, worker_batch
@@ -197,39 +196,6 @@ def _plain_mean(model, batch_size):
     for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= dist.get_world_size()
-
-
-def _bucket_case(exercise, bucket_all_reduce):
-    rank = dist.get_rank()
-    ts = [torch.arange(s, dtype=torch.float32, device=device()) * (rank + 1) + rank for s in (3, 1, 7, 12)]
-    want = [t.clone() for t in ts]
-    for t in want:
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    _, record = watched_call(exercise, bucket_all_reduce, (ts,), why="one all-reduce for a whole bucket",
-                             forbid=everything_but("all_reduce"),
-                             library=("course_lib.training.allreduce.BucketReducer._launch",
-                                      "course_lib.training.allreduce.BucketReducer.finish"))
-    return record, all(torch.allclose(a, b) for a, b in zip(ts, want))
-
-
-def check_bucket_all_reduce(bucket_all_reduce, exercise: str = "Exercise 9.2") -> None:
-    """`bucket_all_reduce(tensors)`: average every tensor of the list over ranks, in place, with ONE all_reduce."""
-    hint = ("One all-reduce for many tensors needs them in one buffer. How do they get into it, and how do the results "
-            "get back into each tensor?")
-    for n in (2, 3, 4):
-        vals = launch_checked(exercise, _bucket_case, n, args=(exercise, bucket_all_reduce), hint=hint,
-                              what=f"{n} ranks")
-        for rank, (record, ok) in enumerate(vals):
-            calls = [(name, size) for name, size, *_ in record["collectives"]]
-            if calls != [("all_reduce", 23 * 4)]:
-                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank} of {n} ran {calls} (collective, bytes); a "
-                                               "bucket is one all_reduce of all four tensors' 23 float32 values, "
-                                               "92 bytes.", hint))
-            if not ok:
-                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank} of {n}: the tensors are not the mean over "
-                                               "ranks (in place).", hint))
-    return passed(exercise, "means are right on 2-4 ranks with exactly one all_reduce of the whole bucket")
 
 
 # ---------------------------------------------------------------- notebook 10

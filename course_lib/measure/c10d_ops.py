@@ -28,7 +28,7 @@ COLLECTIVES: dict[str, tuple[tuple[str, ...], dict[str, str | None]]] = {
     "all_reduce": (("all_reduce",),
                    {"c10d.allreduce_": "first", "_c10d_functional.all_reduce": "first",
                     "_c10d_functional.all_reduce_": "first"}),
-    # several tensors in one call: torch's own bucketed all-reduce, what exercise 9.2 builds
+    # several tensors in one call: torch's own bucketed all-reduce (notebook 09 builds buckets by hand)
     "all_reduce_coalesced": (("all_reduce_coalesced",),
                              {"c10d.allreduce_coalesced_": "first", "_c10d_functional.all_reduce_coalesced": "first",
                               "_c10d_functional.all_reduce_coalesced_": "first"}),

@@ -3,11 +3,12 @@
 Taught in notebooks/09_all_reduce_data_parallel.ipynb. Every rank is a worker with the same initial weights
 (same seed) and its own data shard; after backward the gradients are averaged with all-reduce, so every replica
 takes the same SGD step as one process on the combined batch. "naive": one all-reduce per parameter tensor;
-"bucket": gradients copied into flat buckets of at most bucket_bytes (in reverse order, as DDP fills them) and
-one all-reduce per bucket, launched from gradient hooks during backward when overlap=True; "ddp":
-torch.nn.parallel.DistributedDataParallel (Li et al., VLDB 2020), with no_sync() for gradient accumulation.
-collective="ring" uses the course's ring from point-to-point messages (notebook 06) instead of dist.all_reduce,
-so that traffic.metered counts its bytes and netem.emulate delays them: the fair comparison with the PS.
+"bucket": BucketReducer, the reducer the notebook builds in a cell (gradients as views into flat buckets filled
+last layer first, as DDP fills them; one all-reduce per bucket, launched from gradient hooks during backward when
+overlap=True); "ddp": torch.nn.parallel.DistributedDataParallel (Li et al., VLDB 2020), with no_sync() for
+gradient accumulation. collective="ring" uses the course's ring from point-to-point messages (notebook 06) instead
+of dist.all_reduce, so that traffic.metered counts its bytes and netem.emulate delays them: the fair comparison
+with the PS.
 """
 
 from __future__ import annotations
@@ -36,70 +37,80 @@ def _all_reduce(collective: str):
     raise ValueError(f"collective must be 'torch' or 'ring', got {collective!r}")
 
 
-def buckets(params: list, bucket_bytes: int) -> list[list]:
-    """Group parameters, last layer first (the order backward produces their gradients), into buckets of at most
-    bucket_bytes each (a parameter larger than that gets a bucket of its own)."""
-    out, cur, size = [], [], 0
-    for p in reversed(params):
-        b = p.numel() * p.element_size()
-        if cur and size + b > bucket_bytes:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(p)
-        size += b
-    if cur:
-        out.append(cur)
-    return out
+def buckets(params: list, bucket_bytes: int, first_bucket_bytes: int | None = None) -> list[list]:
+    """DDP's bucket assignment (torch/csrc/distributed/c10d/reducer.cpp, compute_bucket_assignment_by_size, called
+    with the gradients' ready order): parameters last layer first, one dtype and device per bucket, and a bucket
+    closes once it holds at least its cap (first_bucket_bytes for the first one, bucket_bytes after)."""
+    out, open_ = [], {}                     # (dtype, device) -> [params, bytes, buckets closed so far]
+    for p in reversed(params):              # backward produces the last layer's gradients first
+        cur = open_.setdefault((p.dtype, p.device), [[], 0, 0])
+        cur[0].append(p)
+        cur[1] += p.numel() * p.element_size()
+        cap = first_bucket_bytes if first_bucket_bytes is not None and cur[2] == 0 else bucket_bytes
+        if cur[1] >= cap:
+            out.append(cur[0])
+            open_[(p.dtype, p.device)] = [[], 0, cur[2] + 1]
+    return out + [cur[0] for cur in open_.values() if cur[0]]
 
 
 class BucketReducer:
-    """Average gradients bucket by bucket. With overlap, a bucket's all-reduce starts (async_op) from a gradient
-    hook as soon as its last gradient is ready, while backward continues; finish() waits for all of them."""
+    """The reducer notebook 09 builds in a cell, after DDP's (torch/csrc/distributed/c10d/reducer.cpp): every
+    gradient is a view into its bucket's flat buffer; a hook on every parameter counts the gradients in; a full
+    bucket is divided by the world size and all-reduced with async_op while backward goes on, buckets strictly in
+    order; wait() before the step. overlap=False reduces the buckets one after another after backward instead
+    (with any in-place all-reduce, the course's ring included)."""
 
-    def __init__(self, model: nn.Module, bucket_bytes: int, all_reduce, overlap: bool = False):
+    def __init__(self, model: nn.Module, bucket_bytes: int, all_reduce=dist.all_reduce, overlap: bool = True):
+        if overlap and all_reduce is not dist.all_reduce:
+            raise ValueError("overlap needs an asynchronous all-reduce: use collective='torch'")
+        self.n, self.all_reduce, self.overlap, self.works = dist.get_world_size(), all_reduce, overlap, []
         self.groups = buckets(list(model.parameters()), bucket_bytes)
-        self.all_reduce, self.overlap, self.works = all_reduce, overlap, []
-        self.ready = [0] * len(self.groups)
-        if overlap:
-            if all_reduce is not dist.all_reduce:
-                raise ValueError("overlap needs an asynchronous all-reduce: use collective='torch'")
-            for i, group in enumerate(self.groups):
-                for p in group:
-                    p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_ready(i))
+        self.flats = []
+        for i, group in enumerate(self.groups):
+            flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)
+            off = 0
+            for p in group:
+                p.grad = flat[off:off + p.numel()].view_as(p)     # autograd accumulates into the bucket itself
+                p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_ready(i))
+                off += p.numel()
+            self.flats.append(flat)
+        self.zero_grad()
 
-    def _grad_ready(self, i):
-        self.ready[i] += 1
-        if self.ready[i] == len(self.groups[i]) and self.armed:
-            self._launch(i)
-
-    def _launch(self, i):
-        with region("comm", f"bucket {i} launch" if self.overlap else f"all-reduce bucket {i}"):
-            flat = torch.cat([p.grad.reshape(-1) for p in self.groups[i]])
-            if self.overlap:
-                self.works.append((i, flat, dist.all_reduce(flat, async_op=True)))
-            else:
-                self.all_reduce(flat)
-                self._unflatten(i, flat)
-
-    def _unflatten(self, i, flat):
-        n, off = dist.get_world_size(), 0
-        for p in self.groups[i]:
-            p.grad.copy_(flat[off:off + p.numel()].view_as(p) / n)
-            off += p.numel()
+    def zero_grad(self):
+        """Zero the buckets (model.zero_grad() would set the views to None)."""
+        for flat in self.flats:
+            flat.zero_()
+        self.arm(True)
 
     def arm(self, armed: bool = True):
-        """Only the last micro-batch's backward launches all-reduces (earlier ones just accumulate)."""
-        self.armed, self.ready = armed, [0] * len(self.groups)
+        """Before each backward: only an armed one launches all-reduces; the others (micro-batches under
+        accumulation) just add into the same views."""
+        self.armed, self.pending, self.next = armed, [len(g) for g in self.groups], 0
 
-    def finish(self):
+    def _grad_ready(self, i: int):
+        self.pending[i] -= 1
+        while self.overlap and self.armed and self.next < len(self.groups) and self.pending[self.next] == 0:
+            self._launch(self.next)
+
+    def _launch(self, i: int):
+        flat = self.flats[i]
+        with region("comm", f"bucket {i} launch" if self.overlap else f"all-reduce bucket {i}"):
+            flat /= self.n                   # DDP divides by the world size, then sums
+            if self.overlap:
+                self.works.append(dist.all_reduce(flat, async_op=True))
+            else:
+                self.all_reduce(flat)
+        self.next = i + 1
+
+    def wait(self):
+        """Before the optimizer step: every bucket averaged."""
         if not self.overlap:
             for i in range(len(self.groups)):
                 self._launch(i)
             return
         with region("wait", "buckets in flight"):
-            for i, flat, work in self.works:
+            for work in self.works:
                 work.wait()
-                self._unflatten(i, flat)
         self.works = []
 
 
@@ -136,7 +147,7 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
         for step in range(steps):
             t = netem.now()
             xb, yb = worker_batch(x, y, rank, n, batch_size, step, seed)
-            model.zero_grad()
+            (reducer or model).zero_grad()
             total = 0.0
             for j, (xm, ym) in enumerate(zip(xb.chunk(accum), yb.chunk(accum))):
                 last = j == accum - 1
@@ -155,7 +166,7 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
                         all_reduce(p.grad)
                         p.grad /= n
             elif reducer:
-                reducer.finish()
+                reducer.wait()
             with region("compute", "sgd step"), torch.no_grad():
                 for p in model.parameters():   # plain SGD by hand: torch.optim's first step costs seconds per process
                     p -= lr * p.grad

@@ -23,6 +23,7 @@ from .. import device
 from ..costs import alpha_beta
 from ..measure.netem import Link
 from ..measure.netem import link as named_link
+from .allreduce import buckets
 from .data import combined_batch, load_digits, worker_batch
 from .model import flat_params
 
@@ -97,9 +98,12 @@ class EmulatedNIC:
 
 def overlap_train(steps: int = 4, link: Link | str = "1 GbE", overlap: bool = True, depth: int = 6,
                   width: int = 512, batch_size: int = 256, lr: float = 0.05, seed: int = 0,
-                  threads: int = 1) -> dict:
-    """Run on every rank: data-parallel SGD on deep_mlp with one bucket per layer's weight and bias, all-reduced
-    through this rank's EmulatedNIC, launched from gradient hooks during backward (overlap) or after it.
+                  threads: int = 1, bucket_bytes: int | None = None, layer_s: float | None = None) -> dict:
+    """Run on every rank: data-parallel SGD on deep_mlp with its gradients as views into flat buckets (notebook 09's
+    Reducer), all-reduced through this rank's EmulatedNIC, launched from gradient hooks during backward (overlap)
+    or after it. bucket_bytes: DDP's bucket cap (allreduce.buckets); None: one bucket per layer's weight and bias.
+    layer_s: each layer's backward charged a fixed emulated time on top of its real arithmetic (a sleep in a backward
+    hook, which holds no core), so that the schedule is the same on any machine; None: real compute only.
 
     threads: intra-op threads for compute (1: each rank keeps one core). Returns final flat parameters, seconds
     per step, the bucket sizes, timeline events (lane, name, start_s, end_s) with t = 0 after a common barrier,
@@ -110,20 +114,31 @@ def overlap_train(steps: int = 4, link: Link | str = "1 GbE", overlap: bool = Tr
     rank, n = dist.get_rank(), dist.get_world_size()
     dev = device()
     model = deep_mlp(depth, width, seed).to(dev)
-    # one bucket per layer (its weight and bias), last layer first: the order backward finishes them
-    groups = [list(m.parameters()) for m in reversed(model) if isinstance(m, nn.Linear)]
+    # last layer first, the order backward finishes them: one bucket per layer (its weight and bias), or DDP's caps
+    groups = ([list(m.parameters()) for m in reversed(model) if isinstance(m, nn.Linear)] if bucket_bytes is None
+              else buckets(list(model.parameters()), bucket_bytes))
+    flats = []
+    for group in groups:                           # every gradient a view into its bucket's flat buffer
+        flat = torch.zeros(sum(p.numel() for p in group), device=dev)
+        off = 0
+        for p in group:
+            p.grad = flat[off:off + p.numel()].view_as(p)
+            off += p.numel()
+        flats.append(flat)
+    if layer_s is not None:
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                layer.register_full_backward_pre_hook(lambda *_: time.sleep(layer_s))
     x, y = load_digits()
-    state = {"ready": [0] * len(groups), "flats": {}}
+    state = {"ready": [0] * len(groups)}
     launched = []   # (step, bucket, seconds since t0) when its last gradient arrived
 
     def ready(i: int) -> None:
         state["ready"][i] += 1
         if state["ready"][i] == len(groups[i]):    # the bucket's last gradient is in: send it now
-            flat = torch.cat([p.grad.reshape(-1) for p in groups[i]])
-            state["flats"][i] = flat
             launched.append((len(step_s), i, time.perf_counter() - t0))
             if overlap:
-                nic.submit(f"bucket {i}", flat)
+                nic.submit(f"bucket {i}", flats[i])
 
     for i, group in enumerate(groups):
         for p in group:
@@ -143,8 +158,9 @@ def overlap_train(steps: int = 4, link: Link | str = "1 GbE", overlap: bool = Tr
         for step in range(steps):
             start = time.perf_counter()
             xb, yb = worker_batch(x, y, rank, n, batch_size, step, seed)
-            state["ready"], state["flats"] = [0] * len(groups), {}
-            model.zero_grad()
+            state["ready"] = [0] * len(groups)
+            for flat in flats:                         # zero the buckets: model.zero_grad() would drop the views
+                flat.zero_()
             loss = region("compute", "forward",
                           lambda: nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev)))  # noqa: B023
             region("compute", "backward", loss.backward)
@@ -152,15 +168,12 @@ def overlap_train(steps: int = 4, link: Link | str = "1 GbE", overlap: bool = Tr
                 region("wait", "buckets in flight", nic.drain)
             else:
                 for i in range(len(groups)):
-                    nic.transfer(f"bucket {i}", state["flats"][i])
+                    nic.transfer(f"bucket {i}", flats[i])
 
             def update():
                 with torch.no_grad():
-                    for i, group in enumerate(groups):
-                        off = 0
-                        for p in group:
-                            p -= lr * state["flats"][i][off:off + p.numel()].view_as(p) / n
-                            off += p.numel()
+                    for p in model.parameters():
+                        p -= lr * p.grad / n           # the bucket holds the sum over ranks
 
             region("compute", "sgd step", update)
             step_s.append(time.perf_counter() - start)
@@ -171,10 +184,19 @@ def overlap_train(steps: int = 4, link: Link | str = "1 GbE", overlap: bool = Tr
             "bucket_bytes": [sum(p.numel() * p.element_size() for p in g) for g in groups]}
 
 
+def link_for(layer_s: float, width: int = 512, alpha: float = 100e-6, p: int | None = None) -> Link:
+    """A link on which the bucket of one width x width layer (weight and bias) takes layer_s seconds to all-reduce
+    over p ranks (alpha_beta.ring_allreduce): communication as long as that layer's backward."""
+    p = dist.get_world_size() if p is None else p
+    layer_bytes = (width * width + width) * 4
+    bandwidth = 2 * (p - 1) / p * layer_bytes / max(layer_s - 2 * (p - 1) * alpha, 1e-4)
+    return Link(f"emulated link, {bandwidth / 1e6:.0f} MB/s", alpha, bandwidth)
+
+
 def balanced_link(depth: int = 6, width: int = 512, batch_size: int = 256, alpha: float = 100e-6,
                   seed: int = 0) -> Link:
-    """A link on which one layer's bucket takes as long as one layer's backward on this machine (measured on every
-    rank, slowest wins): the case where overlap can hide the most. Call on every rank, with one compute thread."""
+    """link_for the time one layer's backward takes on this machine (measured on every rank, slowest wins): the
+    case where overlap can hide the most. Call on every rank, with one compute thread."""
     x, y = load_digits()
     model = deep_mlp(depth, width, seed).to(device())
     times = []
@@ -186,18 +208,17 @@ def balanced_link(depth: int = 6, width: int = 512, batch_size: int = 256, alpha
         times.append(time.perf_counter() - start)
     slowest = torch.tensor([min(times)], device=device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    p = dist.get_world_size()
-    layer_bytes = (width * width + width) * 4
-    seconds = float(slowest) / depth - 2 * (p - 1) * alpha
-    bandwidth = 2 * (p - 1) / p * layer_bytes / max(seconds, 1e-4)
-    return Link(f"emulated link, {bandwidth / 1e6:.0f} MB/s", alpha, bandwidth)
+    return link_for(float(slowest) / depth, width, alpha)
 
 
 def overlap_compare(steps: int = 5, link: Link | str | None = None, **kwargs) -> dict:
     """Run on every rank: overlap_train with buckets after backward, then during it, over the same link (None:
-    balanced_link()). Returns {"link": Link, "after": overlap_train's result, "during": ...}."""
+    link_for(layer_s) when layer_s is given, else balanced_link()). Returns {"link": Link, "after": overlap_train's
+    result, "during": ...}."""
     torch.set_num_threads(kwargs.get("threads", 1))
     shape = {k: kwargs[k] for k in ("depth", "width", "batch_size", "seed") if k in kwargs}
+    if link is None and kwargs.get("layer_s") is not None:
+        link = link_for(kwargs["layer_s"], kwargs.get("width", 512))
     lnk = link if link is not None else balanced_link(**shape)
     return {"link": lnk, "after": overlap_train(steps, lnk, overlap=False, **kwargs),
             "during": overlap_train(steps, lnk, overlap=True, **kwargs)}
