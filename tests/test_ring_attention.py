@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from course_lib import run
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.expert_parallel import check_causal_ring_attention
+from course_lib.checks.ring_attention import check_causal_ring_attention
 from course_lib.measure.peak_memory import LargestTensor, peak_bytes
 from course_lib.measure.traffic import Meter, metered
 from course_lib.training.ring_attention import (
