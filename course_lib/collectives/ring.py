@@ -2,8 +2,8 @@
 
 Patarasuk & Yuan, JPDC 2009 (bandwidth-optimal all-reduce); taught in notebooks/06_build_your_own_collectives.ipynb.
 The tensor is cut into p chunks whose sizes differ by at most one element (torch.tensor_split), so any size works.
-At step s rank r sends one chunk to r+1 and receives one from r-1: p-1 steps per phase, each rank sends
-n - |chunk r| bytes in reduce-scatter and n - |chunk r+1| in all-gather (2(p-1)/p n when p divides n).
+At step s rank r sends one chunk to r+1 and receives one from r-1: p-1 steps per phase, 2(p-1)/p n bytes per rank
+when p divides n.
 """
 
 from __future__ import annotations

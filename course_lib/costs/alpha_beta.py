@@ -51,9 +51,14 @@ def recursive_doubling_allreduce(p: int, n_bytes: float, alpha: float, beta: flo
 def rabenseifner_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
     """Reduce-scatter by recursive halving + all-gather by recursive doubling (Rabenseifner; Thakur et al. 2005).
 
-    2 lg p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma (exact for p a power of two).
+    p a power of two: 2 lg p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma. Other p: MPICH's fold to the largest power
+    of two below p costs two more messages of the whole tensor and one more reduction, (2 floor(lg p) + 2) alpha +
+    (2 (p-1)/p + 2) n beta + (1 + (p-1)/p) n gamma (MPICH, allreduce_intra_reduce_scatter_allgather.c's header).
     """
-    return 2 * lg(p) * alpha + 2 * (p - 1) / p * n_bytes * beta + (p - 1) / p * n_bytes * gamma
+    if p & (p - 1) == 0:
+        return 2 * lg(p) * alpha + 2 * (p - 1) / p * n_bytes * beta + (p - 1) / p * n_bytes * gamma
+    k = p.bit_length() - 1                                        # floor(lg p)
+    return (2 * k + 2) * alpha + (2 * (p - 1) / p + 2) * n_bytes * beta + (1 + (p - 1) / p) * n_bytes * gamma
 
 
 def binomial_reduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
