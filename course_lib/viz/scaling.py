@@ -2,7 +2,7 @@
 
 Draws what it is handed: measured {name: {n: seconds}} and course_lib.costs.projection.project() output. A
 curve's colour says which architecture (ring, or the PS with k servers), its line style the PS mode: dashed for
-push then pull, solid for pipelined and for the ring, dotted for the hierarchical ring.
+push then pull, solid for pipelined and for the ring, cyan for rings over nodes of 8 GPUs.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ _PS_BY_K = {1: "#d62728", 2: "#ff7f0e", 4: "#9467bd", 8: "#8c564b", 16: "#e377c2
 
 def _style(name: str) -> dict:
     """Colour by architecture and k (a curve and its measured points share it), dashes for push then pull."""
-    if name.startswith("ring"):      # the hierarchical ring dotted, in the ring's colour family
-        return {"color": "#17becf", "ls": ":"} if "hierarchical" in name else {"color": _RING, "ls": "-"}
+    if name.startswith("ring"):      # two-level rings in cyan: hierarchical dotted, 8 flat rings dash-dotted
+        if "hierarchical" in name:
+            return {"color": "#17becf", "ls": ":"}
+        return {"color": "#17becf", "ls": "-."} if "flat rings" in name else {"color": _RING, "ls": "-"}
     k = re.search(r"k=(\d+)", name)
     color = _PS_BY_K.get(int(k.group(1)), "#7f7f7f") if k else "#7f7f7f"
     return {"color": color, "ls": "--" if "push then pull" in name else "-"}
