@@ -42,7 +42,7 @@ FACTORS = {
 }
 TORCH_OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "alltoall", "sendrecv",
              "reduce+broadcast"]
-COURSE_OPS = ["ring", "tree", "recursive_doubling", "star"]   # course all-reduce algorithms (busbw: all_reduce's)
+COURSE_OPS = ["ring", "tree", "recursive_doubling", "rabenseifner", "star"]   # course all-reduces (all_reduce's busbw)
 DEFAULT_OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "alltoall", "sendrecv",
                "reduce+broadcast", "ring"]
 
@@ -143,7 +143,7 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
                     for _ in range(warmup):
                         fn()
                     sync()
-                    est = _max_over_ranks((time.perf_counter() - t0) / max(warmup, 1), dev)
+                    est = _over_ranks((time.perf_counter() - t0) / max(warmup, 1), dev, "max")   # the slowest rank's
                     n_it[op] = max(2, min(iters, int(seconds_per_point / blocks / max(est, 1e-9))))
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -165,11 +165,6 @@ def sweep(ops: list[str], sizes: list[int], dtype_name: str = "float32", warmup:
             _progress(i + 1, len(sizes), human(nbytes), time.perf_counter() - t_start)
     order = {op: k for k, op in enumerate(ops)}
     return sorted(rows, key=lambda r: (order[r["op"]], r["size_bytes"]))
-
-
-def _max_over_ranks(value: float, dev) -> float:
-    """The largest value over all ranks (every rank must run as many iterations as the slowest one needs)."""
-    return _over_ranks(value, dev, "max")
 
 
 def _over_ranks(value: float, dev, how: str) -> float:
