@@ -138,6 +138,10 @@ def test_ring_bytes_refuses_the_library_and_running_it():
     with pytest.raises(ExerciseFailed, match=r"alpha_beta\.ring_reduce_scatter \(it holds the answer\)"):
         check_ring_bytes(lambda n, m: alpha_beta.ring_reduce_scatter(n, m, 0, 1)
                          + alpha_beta.ring_all_gather(n, m, 0, 1))
+    for shortcut in (lambda n, m: alpha_beta.ps_vs_allreduce(n, m, 1.0)["allreduce_s"],
+                     lambda n, m: alpha_beta.byteps_optimal(n, m, 1.0, 0)):
+        with pytest.raises(ExerciseFailed, match=r"\(it holds the answer\)"):
+            check_ring_bytes(shortcut)
     with pytest.raises(ExerciseFailed, match=r"alpha_beta\.rabenseifner_allreduce \(it holds the answer\)"):
         check_ring_bytes(lambda n, m: alpha_beta.rabenseifner_allreduce(n, m, 0, 1))
     with pytest.raises(ExerciseFailed, match=r"comm_log\.Call\.ring_bytes\.fget \(it holds the answer\)"):
@@ -171,37 +175,83 @@ def _ring_rows(rows):
     return [r for r in rows if r["op"] == "ring"]
 
 
-def _fit_with_fit_line(rows):
-    """The line t = a + b S in other units: a = 2(p-1) alpha, b = 2(p-1)/p beta."""
+def _sweep():
+    return hw.load_table("bench_collectives_2core")
+
+
+def _lstsq(rows, weighted=True, p=None):
+    """torch's least squares on the ring's equations; weighted: each divided by its own t (relative errors)."""
+    import torch
+
+    ring = _ring_rows(rows)
+    p = p or ring[0]["ranks"]
+    t = torch.tensor([r["time_us"] * 1e-6 for r in ring], dtype=torch.float64)
+    a = torch.tensor([[2 * (p - 1), 2 * (p - 1) / p * r["size_bytes"]] for r in ring], dtype=torch.float64)
+    if weighted:
+        a, t = a / t[:, None], torch.ones_like(t)
+    x = torch.linalg.lstsq(a, t[:, None]).solution
+    return x[0], x[1]                                        # one-element tensors: accepted as numbers
+
+
+def _normal_equations_in_microseconds(rows):
+    """Written differently: the line t = a + b S in microseconds by 2x2 normal equations weighted 1/t^2, then
+    alpha = a / 2(p-1), beta = b p / 2(p-1)."""
     ring = _ring_rows(rows)
     p = ring[0]["ranks"]
-    a, b = alpha_beta.fit_line([r["size_bytes"] for r in ring], [r["time_us"] * 1e-6 for r in ring])
+    s00 = s01 = s11 = y0 = y1 = 0.0
+    for r in ring:
+        w, x, t = 1 / r["time_us"] ** 2, r["size_bytes"], r["time_us"]
+        s00, s01, s11, y0, y1 = s00 + w, s01 + w * x, s11 + w * x * x, y0 + w * t, y1 + w * x * t
+    det = s00 * s11 - s01 * s01
+    a, b = (y0 * s11 - y1 * s01) / det * 1e-6, (s00 * y1 - s01 * y0) / det * 1e-6
     return a / (2 * (p - 1)), b * p / (2 * (p - 1))
 
 
-def _fit_in_microseconds(rows):
-    ring = _ring_rows(rows)
-    a, b = alpha_beta.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] for r in ring],
-                                    p=ring[0]["ranks"], algorithm="ring")
-    return a / 1e6, b / 1e6
+def test_course_ring_fit_accepts_a_weighted_least_squares_however_written(capsys):
+    rows = _sweep()
+    estimates.check_course_ring_fit(_lstsq, rows)
+    estimates.check_course_ring_fit(_normal_equations_in_microseconds, rows)
+    assert capsys.readouterr().out.count("✓ Exercise 7.2 passed") == 2
 
 
-def test_course_ring_fit_accepts_any_good_fit():
-    import csv
-    import os
+@pytest.mark.parametrize("name", ["fit_alpha_beta", "fit_line", "fit_pieces", "_relative_lsq"])
+def test_course_ring_fit_refuses_the_course_fits(name):
+    rows = _sweep()
+    calls = {
+        "fit_alpha_beta": lambda rs: alpha_beta.fit_alpha_beta([r["size_bytes"] for r in _ring_rows(rs)],
+                                                              [r["time_us"] / 1e6 for r in _ring_rows(rs)], p=4),
+        "fit_line": lambda rs: alpha_beta.fit_line([r["size_bytes"] for r in _ring_rows(rs)],
+                                                   [r["time_us"] / 1e6 for r in _ring_rows(rs)]),
+        "fit_pieces": lambda rs: alpha_beta.fit_pieces([r["size_bytes"] for r in _ring_rows(rs)],
+                                                       [r["time_us"] / 1e6 for r in _ring_rows(rs)], tol=1.0)[0][
+                                                           "beta"],
+        "_relative_lsq": lambda rs: alpha_beta._relative_lsq([(6, 1.5 * r["size_bytes"]) for r in _ring_rows(rs)],
+                                                             [r["time_us"] / 1e6 for r in _ring_rows(rs)]),
+    }
+    with pytest.raises(ExerciseFailed, match=r"Exercise 7\.2 is about fitting alpha and beta by least squares; the "
+                                             r"course's own costs\.alpha_beta\.\w+ \(it holds the answer\)"):
+        estimates.check_course_ring_fit(calls[name], rows)
+    assert alpha_beta.fit_line([1, 2], [1, 2]) == pytest.approx((0.0, 1.0))           # and it works again afterwards
 
-    rows = [dict(r) for r in csv.DictReader(open(os.path.join(os.path.dirname(__file__), "..", "data",
-                                                              "bench_collectives_2core.csv")))]
-    for r in rows:
-        r["size_bytes"], r["ranks"], r["time_us"] = int(r["size_bytes"]), int(r["ranks"]), float(r["time_us"])
-    estimates.check_course_ring_fit(_fit_with_fit_line, rows)
-    estimates.check_course_ring_fit(_fit_in_microseconds, rows)
-    fixed = _fit_with_fit_line(rows)
+
+def test_course_ring_fit_refuses_wrong_methods_and_results():
+    rows = _sweep()
+    # a wrong method with right-looking numbers: least squares on the times themselves (about 1.2 ms, 0.28 GB/s)
+    with pytest.raises(ExerciseFailed, match=r"on the measured sweep your alpha .* the best fit misses by 26%") as e:
+        estimates.check_course_ring_fit(lambda rs: _lstsq(rs, weighted=False), rows)
+    assert "Hint:" in str(e.value)
+    # right on this sweep, wrong on the other: p = 4 written in, this machine's numbers typed in
     with pytest.raises(ExerciseFailed, match=r"on another machine's sweep \(3 ranks\) your alpha"):
-        estimates.check_course_ring_fit(lambda _: fixed, rows)                 # this machine's numbers, typed in
+        estimates.check_course_ring_fit(lambda rs: _lstsq(rs, p=4), rows)
+    fixed = tuple(float(v) for v in _lstsq(rows))
+    with pytest.raises(ExerciseFailed, match=r"on another machine's sweep \(3 ranks\) your alpha"):
+        estimates.check_course_ring_fit(lambda _: fixed, rows)
+    # the wrong rows: gloo's all_reduce instead of the course's ring
     with pytest.raises(ExerciseFailed, match=r"on the measured sweep your alpha"):
-        estimates.check_course_ring_fit(lambda rs: _fit_with_fit_line([dict(r, op="ring") for r in rs
-                                                                        if r["op"] == "all_reduce"]), rows)
+        estimates.check_course_ring_fit(lambda rs: _lstsq([dict(r, op="ring") for r in rs if r["op"] == "all_reduce"]),
+                                        rows)
+    with pytest.raises(ExerciseFailed, match=r"not \(alpha, beta\)"):
+        estimates.check_course_ring_fit(lambda rs: (True, 1e-9), rows)
 
 
 def test_per_rank_bytes_refuses_the_library():
@@ -232,10 +282,61 @@ def test_failure_rates():
     estimates.check_interruptions_per_day(lambda n: n * rate)
     with pytest.raises(ExerciseFailed, match=r"for 1 GPUs you said"):
         estimates.check_interruptions_per_day(lambda n: llama["interruptions_unexpected"] / llama["days"])
-    estimates.check_checkpoint_interval(lambda c, n: math.sqrt(2 * c * 86400 / (n * rate)))
-    with pytest.raises(ExerciseFailed, match=r"60 s per save on 16384 GPUs: you said") as e:
-        estimates.check_checkpoint_interval(lambda c, n: math.sqrt(2 * c * 24 / (n * rate)))    # MTBF in hours
-    assert "16.1" in str(e.value)
+
+
+def _llama_rate(column="interruptions_unexpected"):
+    llama = next(r for r in hw.load_table("failure_rates") if r["run"].startswith("Llama 3"))
+    return llama[column] / llama["days"] / llama["accelerators"]
+
+
+def _max_save_closed_form(n, r, w, rate=None, day=86400, lost_per_failure=0.5):
+    """The loss at Young's interval solved for C: sqrt(2C/M) + R/M = w. lost_per_failure = 1 (a whole interval
+    redone, wrong) gives T = sqrt(CM) and a loss of 2 sqrt(C/M) instead."""
+    m = day / (n * (rate or _llama_rate()))
+    left = max(w - r / m, 0)
+    return left**2 * m / 2 if lost_per_failure == 0.5 else left**2 * m / 4
+
+
+def _max_save_by_bisection(n, r, w):
+    """Another way to the same number: search C with Young's interval and the loss written out, nothing simplified."""
+    m = 86400 / (n * _llama_rate())
+    if r / m >= w:  # the loss tends to R/M as C goes to 0: no save is short enough
+        return 0
+    loss = lambda c: c / math.sqrt(2 * c * m) + math.sqrt(2 * c * m) / (2 * m) + r / m  # noqa: E731
+    lo, hi = 0.0, m
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if loss(mid) <= w else (lo, mid)
+    return lo
+
+
+def test_max_save_accepts_the_closed_form_and_a_search_and_refuses_wrong_models():
+    estimates.check_max_save_s(_max_save_closed_form)
+    estimates.check_max_save_s(_max_save_by_bisection)                 # (d) a correct solution written differently
+    wrong = {
+        "restarts left out": lambda n, r, w: _max_save_closed_form(n, 0, w),
+        "M in hours": lambda n, r, w: _max_save_closed_form(n, r, w, day=24),
+        "all 466 interruptions, planned ones too": lambda n, r, w: _max_save_closed_form(
+            n, r, w, rate=_llama_rate("interruptions_total")),
+        "a whole interval lost per failure": lambda n, r, w: _max_save_closed_form(n, r, w, lost_per_failure=1),
+        "Young's interval itself, not the save": lambda n, r, w: math.sqrt(2 * 60 * 86400 / (n * _llama_rate())),
+    }
+    for why, fn in wrong.items():
+        with pytest.raises(ExerciseFailed, match=r"Exercise 16\.2: .* you said") as e:
+            estimates.check_max_save_s(fn)
+        assert "16.1" in str(e.value), why
+
+    def spent(n, r, w):                                                # do the restarts alone use up w?
+        return r * n * _llama_rate() / 86400 >= w
+
+    def unclamped(n, r, w):                                            # squares away a budget already spent
+        m = 86400 / (n * _llama_rate())
+        return (w - r / m) ** 2 * m / 2
+
+    with pytest.raises(ExerciseFailed, match=r"100000 GPUs, 600 s per restart"):
+        estimates.check_max_save_s(unclamped)
+    with pytest.raises(ExerciseFailed, match=r"less than no time"):
+        estimates.check_max_save_s(lambda n, r, w: -1.0 if spent(n, r, w) else _max_save_closed_form(n, r, w))
 
 
 def test_torchrun_line_read_by_torchruns_parser():

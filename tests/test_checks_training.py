@@ -1,7 +1,7 @@
-"""Checkers of notebooks 05b, 08, 09, 12 and 13 reject the wrong solution of each kind, with its message: the
-momentum left out, batches of different sizes averaged as equal, ZeRO-1 through all-reduce, the library's
-tensor-parallel layer, an extra collective; 05b's checks run on a live group of ranks. (Each right solution passes
-in its worked notebook, which the notebook tests run; exercise 9.2's reducer: test_checks_reducer.py.)"""
+"""Checkers of notebooks 05b, 09, 12 and 13 reject the wrong solution of each kind, with its message: batches of
+different sizes averaged as equal, ZeRO-1 through all-reduce, the library's tensor-parallel layer, an extra
+collective; 05b's checks run on a live group of ranks. (Each right solution passes in its worked notebook, which the
+notebook tests run; exercise 9.2's reducer: test_checks_reducer.py; notebook 08's: test_checks_parameter_server.py.)"""
 
 import pytest
 import torch
@@ -10,32 +10,7 @@ import torch.distributed as dist
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.sharding import check_zero1_flat_step
 from course_lib.checks.tensor_parallel import check_column_parallel_forward, check_row_parallel_linear
-from course_lib.checks.training import (
-    check_average_gradients,
-    check_momentum_server_step,
-    check_server_bytes,
-)
-
-
-def server_without_momentum(shard, velocity, workers, lr, momentum):
-    for r in [dist.isend(shard, w) for w in workers]:
-        r.wait()
-    grads = [torch.empty_like(shard) for _ in workers]
-    for r in [dist.irecv(g, w) for g, w in zip(grads, workers)]:
-        r.wait()
-    shard -= lr * torch.stack(grads).mean(0)
-
-
-def server_pulling_twice(shard, velocity, workers, lr, momentum):   # sends the weights twice to each worker
-    for r in [dist.isend(shard, w) for w in workers]:
-        r.wait()
-    server_without_momentum(shard, velocity, workers, lr, momentum)
-
-
-def test_momentum_server_step():
-    with pytest.raises(ExerciseFailed, match=r"with 1 workers the weights differ from single-process SGD with "
-                                             r"momentum 0\.9 on the combined batch by up to"):
-        check_momentum_server_step(server_without_momentum)
+from course_lib.checks.training import check_average_gradients
 
 
 def plain_mean(model, batch_size):    # what section 1 did: right only when every batch has the same size
@@ -240,23 +215,3 @@ def test_zero1_needs_the_sharded_state():
     check_zero1_flat_step(_zero1_padded_views)
     with pytest.raises(ExerciseFailed, match="did not use this rank's shard of Adam's state"):
         check_zero1_flat_step(_dp_under_zero1s_name)
-
-
-def test_server_bytes_accepts_the_rounded_and_the_exact_shard():
-    check_server_bytes(lambda n, m, k: n * m / k)                              # the shards' rounding ignored
-    check_server_bytes(lambda n, m, k: n * 4 * -(-(m // 4) // k))             # server 0's shard, rounded up
-    with pytest.raises(ExerciseFailed, match=r"n=1 workers, k=1 servers, M=\d+ bytes: you said"):
-        check_server_bytes(lambda n, m, k: 2 * m / k)
-
-
-def _server_bytes_by_running(n, m, k):
-    from course_lib import run
-    from course_lib.training.ps import ps_train
-
-    got = run(ps_train, world_size=n + k, kwargs=dict(steps=1, n_servers=k, hidden=32), output="none").values
-    return got[0]["traffic"][0][1]
-
-
-def test_server_bytes_refuses_running_the_ps():
-    with pytest.raises(ExerciseFailed, match=r"course's own launch\.run \(it holds the answer\) is switched off"):
-        check_server_bytes(_server_bytes_by_running)

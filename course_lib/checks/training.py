@@ -1,11 +1,11 @@
-"""Checkers for the exercises of notebooks 08-10 (parameter server, all-reduce data parallel, PS vs all-reduce);
-exercise 9.2's reducer is checked in reducer.py.
+"""Checkers for the exercises of notebooks 09-10 (all-reduce data parallel, PS vs all-reduce); notebook 08's
+parameter server is checked in parameter_server.py, exercise 9.2's reducer in reducer.py.
 
 Each runs the learner's function on real ranks (or against real measured traffic) and compares with a reference
-computed here: single-process SGD on the combined batch (with momentum, or with ranks' batches of different sizes),
-dist.all_reduce, the bytes counted on every message. While the learner's code runs, the collectives and library
-functions that would answer the exercise for them are switched off (switch_off.py) and its messages are counted
-(traffic.py). Tolerances come from course_lib.training.tolerance (float32 summation order, derived there).
+computed here: single-process SGD on the combined batch (with ranks' batches of different sizes), dist.all_reduce,
+the bytes counted on every message. While the learner's code runs, the collectives and library functions that would
+answer the exercise for them are switched off (switch_off.py) and its messages are counted (traffic.py). Tolerances
+come from course_lib.training.tolerance (float32 summation order, derived there).
 """
 
 from __future__ import annotations
@@ -17,110 +17,13 @@ from torch import nn
 from ..costs import alpha_beta
 from ..training import tolerance
 from ..training.allreduce import dp_train
-from ..training.data import combined_batch, load_digits, shard_indices, worker_batch
-from ..training.model import flat_grads, flat_params, make_mlp, set_flat_params
-from ..training.ps import ps_train
-from .algorithms import LAUNCHERS, RING_SHORTCUTS
+from ..training.data import load_digits, shard_indices
+from ..training.model import flat_params, make_mlp
+from .algorithms import RING_SHORTCUTS
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
-from .traffic import summary
 
 STEPS, BATCH, HIDDEN = 3, 16, 32
 PS_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costs.alpha_beta.ps_vs_allreduce")
-# the parameter server itself and every way to launch it: 8.1 asks for the bytes before running anything
-PS_RUNNERS = (*LAUNCHERS, "course_lib.training.ps.ps_train", "course_lib.training.ps._sync_server")
-
-
-
-# ---------------------------------------------------------------- notebook 08
-def check_server_bytes(server_bytes, exercise: str = "Exercise 8.1") -> None:
-    """`server_bytes(n, model_bytes, k)` -> bytes server 0 (the one with the largest shard: the shards differ by at
-    most one parameter) receives per synchronous step; checked against what the course's PS really received (every
-    message counted) for several n and k, within one float32 per worker (a formula that ignores the rounding of the
-    shards is right too). Running the PS, or anything that launches ranks, is off while the learner's code runs."""
-    hint = ("Follow one step: which part of its gradient does a worker send to each server, and how many workers send "
-            "to that server? With k servers, which shard is the largest?")
-    m = flat_params(make_mlp(HIDDEN, 0)).numel() * 4     # the model ps_train trains with hidden=HIDDEN
-    cases = [(1, 1), (3, 1), (2, 2), (4, 2), (3, 3)]
-    answers = {(n, k): call_learner(exercise, server_bytes, n, m, k, hint=hint, why="the bytes a server carries",
-                                    library=(*PS_ANSWERS, *PS_RUNNERS)) for n, k in cases}
-    for (n, k), answer in answers.items():
-        got = launch_checked(exercise, ps_train, n + k, kwargs=dict(steps=1, n_servers=k, hidden=HIDDEN))
-        assert got[0]["model_bytes"] == m, "the parameter server trained another model"
-        measured = got[0]["traffic"][0][1]
-        if not (isinstance(answer, (int, float)) and abs(answer - measured) < 4 * n):
-            raise ExerciseFailed(with_hint(f"{exercise}: n={n} workers, k={k} servers, M={m} bytes: you said "
-                                           f"{answer}, server 0 really received {measured} bytes per step.", hint))
-    return passed(exercise, "matches the bytes counted on real runs for n in 1-4 and k in 1-3")
-
-
-def _momentum_single(n: int, steps: int, lr: float, momentum: float) -> torch.Tensor:
-    """SGD with momentum (torch.optim.SGD's rule, dampening 0) in one process on n workers' combined batch."""
-    x, y = load_digits()
-    model = make_mlp(HIDDEN, 0)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    for step in range(steps):
-        xb, yb = combined_batch(x, y, n, BATCH, step)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(xb), yb).backward()
-        opt.step()
-    return flat_params(model)
-
-
-def _ps_with_learner_server(exercise, server_step, steps, lr, momentum):
-    """Rank 0 runs the learner's server step; ranks 1..n are plain synchronous workers (pull, gradient, push)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    workers = list(range(1, world))
-    model = make_mlp(HIDDEN, 0)
-    shard = flat_params(model)
-    if rank == 0:
-        velocity, records = torch.zeros_like(shard), []
-        for _ in range(steps):
-            _, record = watched_call(exercise, server_step, (shard, velocity, workers, lr, momentum), forbid="all",
-                                     why="a server's optimizer step from point-to-point messages",
-                                     library=("course_lib.training.ps._sync_server",))
-            records.append(record)
-        return shard, records
-    x, y = load_digits()
-    for step in range(steps):
-        dist.recv(shard, 0)
-        set_flat_params(model, shard)
-        xb, yb = worker_batch(x, y, rank - 1, len(workers), BATCH, step)
-        model.zero_grad()
-        nn.functional.cross_entropy(model(xb), yb).backward()
-        dist.send(flat_grads(model), 0)
-    return None, []
-
-
-def check_momentum_server_step(server_step, exercise: str = "Exercise 8.2") -> None:
-    """`server_step(shard, velocity, workers, lr, momentum)`: send `shard` to every worker, receive one gradient from
-    each, then velocity = momentum x velocity + mean gradient and shard -= lr x velocity, both in place. Run as the
-    server of a real PS with 1-3 workers; the weights must equal single-process SGD with momentum."""
-    hint = ("Where does a parameter server keep the momentum, and in which order does it update the velocity and the "
-            "weights? Does the caller see the change?")
-    lr, momentum = 0.1, 0.9
-    for n in (1, 2, 3):
-        vals = launch_checked(exercise, _ps_with_learner_server, n + 1, args=(exercise, server_step, STEPS, lr,
-                                                                             momentum), hint=hint,
-                              what=f"{n} workers")
-        shard, records = vals[0]
-        m = shard.numel() * shard.element_size()
-        for step, rec in enumerate(records):
-            s = summary(rec)
-            if s["bytes_sent"] != n * m or s["bytes_recv"] != n * m or s["sent_to"] != list(range(1, n + 1)):
-                raise ExerciseFailed(with_hint(
-                    f"{exercise}: with {n} workers, step {step + 1}: the server sent {s['bytes_sent']} B to "
-                    f"{s['sent_to']} and received {s['bytes_recv']} B from {s['recv_from']}; one synchronous step "
-                    f"sends the {m}-byte shard to each worker and receives one gradient of {m} B from each.", hint))
-        ref = _momentum_single(n, STEPS, lr, momentum)
-        # float32: the server's mean of n gradients vs one mean over the combined batch, summed in another order
-        atol = tolerance.sgd_atol(STEPS, lr, n * BATCH, HIDDEN, momentum=momentum)
-        bad = tolerance.max_diff(shard, ref)
-        if bad > atol:
-            raise ExerciseFailed(with_hint(f"{exercise}: with {n} workers the weights differ from single-process SGD "
-                                           f"with momentum {momentum} on the combined batch by up to {bad:.3g} "
-                                           f"(float32 summation order allows {atol:.1g}).", hint))
-    return passed(exercise, "a real PS with your server step ends with single-process SGD-with-momentum weights for "
-                            "1-3 workers, one pull and one push per worker per step")
 
 
 # ---------------------------------------------------------------- notebook 09

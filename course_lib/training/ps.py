@@ -5,8 +5,9 @@ Ranks 0..k-1 are servers, each owning one contiguous shard of the flat parameter
 ring's chunks); ranks k..world-1 are workers, each with its own data shard. Synchronous (Li et al., OSDI'14, with a
 full barrier per step): workers pull, compute, push; each server waits for all n gradients, averages, updates.
 Asynchronous: a server applies each gradient when it arrives and answers that worker at once; the staleness of a
-gradient = server updates since that worker last pulled. Every message is dist.isend/irecv, so traffic.metered and
-netem.emulate see all of them.
+gradient = server updates since that worker last pulled. Colocated (every rank a worker and the server of one
+shard, as BytePS, Jiang et al. OSDI'20, compares with all-reduce): a shard's own gradient and weights never leave
+their machine. Every message is dist.send/recv/isend/irecv, so traffic.metered and netem.emulate see all of them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _sync_server(shard, workers, steps, lr, meter):
         with region("compute", "update"):
             shard -= lr * (torch.stack(grads).sum(0) / n)
         meter.step()
-    _wait([dist.isend(shard, w) for w in workers])   # the final pull: every worker ends with the final weights
+    with region("comm", "send final params"):       # the final pull: every worker ends with the final weights
+        _wait([dist.isend(shard, w) for w in workers])
     return {}
 
 
@@ -69,6 +71,26 @@ def _async_server(shard, workers, steps, lr, meter):
     return {"staleness": staleness}
 
 
+def _pull(flat, bounds, servers, bufs, versions):
+    """Every server's shard into its place in `flat` (async: with the version it was sent at)."""
+    _wait([dist.irecv(b, s) for b, s in zip(bufs, servers)])
+    for i, ((lo, hi), b) in enumerate(zip(bounds, bufs)):
+        flat[lo:hi] = b[:hi - lo]
+        if b.numel() > hi - lo:
+            versions[i] = b[-1].item()
+
+
+def _push_pull(g, flat, bounds, servers, bufs, versions):
+    """A worker's side of one step after its backward: shard i of the gradient to server i, then pull them all."""
+    extra = bufs[0].numel() - (bounds[0][1] - bounds[0][0])
+    with region("comm", "push grads"):
+        msgs = [torch.cat([g[lo:hi], torch.full((extra,), versions[i], device=g.device)])
+                for i, (lo, hi) in enumerate(bounds)]
+        _wait([dist.isend(m, s) for m, s in zip(msgs, servers)])
+    with region("wait", "pull"):
+        _pull(flat, bounds, servers, bufs, versions)
+
+
 def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n, data=None, compute_s=None):
     x, y = load_digits() if data is None else data
     dev = next(model.parameters()).device
@@ -76,18 +98,12 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
     extra = 1 if mode == "async" else 0
     bufs = [torch.empty(hi - lo + extra, device=dev) for lo, hi in bounds]
     versions = [0] * len(servers)
-
-    def pull():
-        _wait([dist.irecv(b, s) for b, s in zip(bufs, servers)])
-        for i, ((lo, hi), b) in enumerate(zip(bounds, bufs)):
-            flat[lo:hi] = b[:hi - lo]
-            if extra:
-                versions[i] = b[-1].item()
-        set_flat_params(model, flat)
+    cost = compute_s[wid] if isinstance(compute_s, (list, tuple)) else compute_s   # one per worker, or one for all
 
     losses, step_s = [], []
     with region("wait", "pull"):
-        pull()
+        _pull(flat, bounds, servers, bufs, versions)
+        set_flat_params(model, flat)
     meter.skip()   # the first pull is not part of any step
     for step in range(steps):
         t = netem.now()
@@ -97,38 +113,85 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
             loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
             loss.backward()
             g = flat_grads(model)
-            if compute_s is not None:
-                netem.compute(compute_s)
-        with region("comm", "push grads"):
-            msgs = [torch.cat([g[lo:hi], torch.full((extra,), versions[i], device=dev)])
-                    for i, (lo, hi) in enumerate(bounds)]
-            _wait([dist.isend(m, s) for m, s in zip(msgs, servers)])
-        with region("wait", "pull"):
-            pull()
+            if cost is not None:
+                netem.compute(cost)
+        _push_pull(g, flat, bounds, servers, bufs, versions)
+        set_flat_params(model, flat)
         meter.step()
         losses.append(loss.item())
         step_s.append(netem.now() - t)
     return {"losses": losses, "step_s": step_s}
 
 
+def _exchange(out: dict, into: dict) -> None:
+    """Send out[j] to and receive into[j] from every peer j, one peer at a time in rank order, the lower rank of a
+    pair sending first: an order in which no rank waits on one that waits on it, even where a send blocks until its
+    receive is posted (NCCL's unbatched send/recv, gloo's rendezvous)."""
+    me = dist.get_rank()
+    for j in sorted(out):
+        if me < j:
+            dist.send(out[j], j)
+            dist.recv(into[j], j)
+        else:
+            dist.recv(into[j], j)
+            dist.send(out[j], j)
+
+
+def _colocated(model, bounds, steps, batch_size, lr, seed, meter, data, compute_s):
+    """Every rank a worker and the server of shard `rank`: its own piece of the gradient and of the weights stays on
+    its machine. For counting bytes: its pairs take turns, so its time on a link is not a schedule worth timing."""
+    x, y = data
+    me, n = dist.get_rank(), dist.get_world_size()
+    dev = next(model.parameters()).device
+    flat = flat_params(model)
+    lo, hi = bounds[me]
+    peers = [j for j in range(n) if j != me]
+    cost = compute_s[me] if isinstance(compute_s, (list, tuple)) else compute_s
+    losses = []
+    for step in range(steps):
+        xb, yb = worker_batch(x, y, me, n, batch_size, step, seed)
+        with region("compute", "forward+backward"):
+            model.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
+            loss.backward()
+            g = flat_grads(model)
+            if cost is not None:
+                netem.compute(cost)
+        pieces = {j: torch.empty(hi - lo, device=dev) for j in peers}
+        with region("comm", "push grads"):     # shard j of my gradient to server j; shard `me` of theirs to me
+            _exchange({j: g[a:b] for j, (a, b) in enumerate(bounds) if j != me}, pieces)
+        with region("compute", "update"):      # the mean of the n gradients, in worker order
+            pieces[me] = g[lo:hi]
+            flat[lo:hi] -= lr * (torch.stack([pieces[j] for j in range(n)]).sum(0) / n)
+        with region("comm", "pull"):           # my new shard to every worker; theirs into place
+            _exchange({j: flat[lo:hi] for j in peers}, {j: flat[a:b] for j, (a, b) in enumerate(bounds) if j != me})
+        set_flat_params(model, flat)
+        meter.step()
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
 def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
              seed: int = 0, mode: str = "sync", link=None, profile: bool = False,
-             compute_s: float | None = None, server=None) -> dict:
+             compute_s: float | list[float] | None = None, server=None, colocated: bool = False) -> dict:
     """Run on every rank (course_lib.run or torchrun): ranks < n_servers serve, the rest train.
 
     Returns this rank's role, final flat parameters (workers: the model; servers: their shard), per-step bytes
     (sent, received), per-step seconds and losses (workers), staleness (async servers), and timeline events.
     `link`: a netem link (or its name) that every message crosses, timed on its virtual clock; `compute_s`: a
-    fixed emulated cost added to each worker's forward+backward; `profile`: record the timeline; `server(shard,
-    workers, steps, lr)`: a server loop written in a notebook (08's async_server) in place of the built-in one.
+    fixed emulated cost added to each worker's forward+backward (a list: one per worker); `profile`: record the
+    timeline; `server(shard, workers, steps, lr)`: a server loop written in a notebook (08's async_server) in place
+    of the built-in one; `colocated`: every rank is a worker and the server of shard `rank` (n_servers unused).
     """
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+    if colocated and (mode != "sync" or server is not None):
+        raise ValueError("the colocated parameter server is synchronous, with its built-in server")
     if mode == "async" and dist.get_backend() != "gloo":
         raise ValueError("the asynchronous server receives from any source, which only gloo supports; use sync")
     rank, world = dist.get_rank(), dist.get_world_size()
-    k = n_servers
-    if not 1 <= k < world:
+    k = world if colocated else n_servers
+    if not colocated and not 1 <= k < world:
         raise ValueError(f"need 1 <= n_servers < world size ({world}) so that at least one worker remains")
     dev = device()
     model = make_mlp(hidden, seed).to(dev)   # same seed: every rank starts from the same weights
@@ -137,9 +200,12 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
     servers, workers = list(range(k)), list(range(k, world))
     meter, tl = Meter(), Timeline(profile)
     # Workers read the digits before the clock starts, so the timeline's first bars are messages, not file reading.
-    data = load_digits() if rank >= k else None
+    data = load_digits() if rank >= k or colocated else None
     with emulate(link), metered(meter), tl:
-        if rank < k:
+        if colocated:
+            out = _colocated(model, bounds, steps, batch_size, lr, seed, meter, data, compute_s)
+            out.update(role="colocated", params=flat_params(model))
+        elif rank < k:
             lo, hi = bounds[rank]
             shard = flat[lo:hi].clone()
             if server is not None:      # the notebook's own loop: it counts no steps, so traffic stays empty
