@@ -124,9 +124,23 @@ def test_wrong_methods_fail_without_the_answer(wrong, why):
 
 
 def test_numbers_typed_in_from_the_one_node_output_fail_on_the_other():
-    table = {(size, n): _from_busbw(ONE_NODE, size, n) for size in (1 << 30, 4 << 30) for n in (2, 4, 8, 16)}
+    table = {(size, n): _from_busbw(ONE_NODE, size, n) for size in (1 << 30, 2 << 30, 4 << 30)
+             for n in (2, 4, 8, 16)}
     with pytest.raises(ExerciseFailed, match=r"on the 16-GPU output \(two nodes\)"):
         check_predicted_time(lambda text, size, n: table[(size, n)] if (size, n) in table else 1.0)
+
+
+def test_the_checked_n_stay_inside_each_runs_fabric():
+    # busbw carries over only on the fabric that measured it: one node's NVLink, or the same two nodes
+    from course_lib.checks.nccl_tests import CASES
+
+    asked = {name: {n for _, n in cases} for name, _, cases in CASES}
+    assert asked == {"nccl_tests_all_reduce_8xH100": {2, 4, 8}, "nccl_tests_all_reduce_2x8xH100": {8, 16}}
+    for name, _, cases in CASES:                 # either placement's row passes: they agree within the tolerance
+        rows = nccl_tests.parse(hw.nccl_tests_output(name))["rows"]
+        for size, _ in cases:
+            a, b = (r["busbw_GBps"] for r in rows if r["size_bytes"] == size)
+            assert math.isclose(a, b, rel_tol=0.005)
 
 
 def test_the_checkers_own_answer_is_switched_off():

@@ -5,6 +5,9 @@ The expected value is computed here from the output's own busbw column: nccl-tes
 for all_reduce so that it is independent of the number of ranks n (doc/PERFORMANCE.md), hence a call of S bytes on
 n' ranks of the same kind takes S x 2(n'-1)/n' / busbw. Two real outputs are used (data/nccl_tests_all_reduce_*.txt):
 8 GPUs driven by one process (nGpus 8), and 16 GPUs on two nodes, one process each (every process prints nGpus 1).
+The n' asked stay inside each run's fabric: 2, 4, 8 GPUs of the one node; 16, or 8 split 4 + 4, on the two nodes.
+Beyond it busbw does not carry over: NCCL may run another algorithm (on two nodes a tree can beat the network,
+NVIDIA/nccl-tests issues 169 and 290), which the notebook's question asks about instead of the checker.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ from ..costs import hardware as hw
 from ..measure import nccl_tests
 from .core import ExerciseFailed, call_learner, passed, with_hint
 
-# (data file, what it is, [(size in bytes, ranks to predict for)]): sizes where out-of-place and in-place agree
-# within 0.1%, so either row passes; the run's own ranks included (its answer is in its table), and others.
+# (data file, what it is, [(size in bytes, ranks to predict for)]): the run's own n (its answer is in its table) and
+# smaller n on the same fabric; sizes where out-of-place and in-place busbw agree within the 1% tolerance.
 CASES = (
     ("nccl_tests_all_reduce_8xH100", "the 8-GPU output (one node)",
-     [(1 << 30, 8), (1 << 30, 4), (1 << 30, 2), (4 << 30, 16)]),
+     [(1 << 30, 8), (1 << 30, 4), (1 << 30, 2), (2 << 30, 4)]),
     ("nccl_tests_all_reduce_2x8xH100", "the 16-GPU output (two nodes)",
-     [(1 << 30, 16), (1 << 30, 64), (8 << 30, 4), (4 << 30, 32)]),
+     [(1 << 30, 16), (1 << 30, 8), (8 << 30, 8), (4 << 30, 16)]),
 )
 _ANSWER = ("course_lib.checks.nccl_tests._expected_seconds",)   # switched off while the learner's code runs
 TOLERANCE = 0.01   # the printed columns are rounded to 4-5 digits (under 0.1%); 1% leaves room, no wrong method fits
@@ -56,4 +59,4 @@ def check_predicted_time(predict_all_reduce_time, exercise: str = "Exercise 7.3"
                 raise ExerciseFailed(with_hint(f"{exercise}: on {what}, S = {size} bytes, n = {n}: you said "
                                                f"{got:.4g} s, which is not what that output's busbw implies.{same}",
                                                hint))
-    return passed(exercise, "your predictions follow busbw on both outputs, for the run's own n and for others")
+    return passed(exercise, "your predictions follow busbw on both outputs, for each run's own n and smaller ones")

@@ -36,8 +36,10 @@ def ring_all_gather(p: int, n_bytes: float, alpha: float, beta: float) -> float:
 def ring_allreduce(p: int, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
     """Ring all-reduce = ring reduce-scatter + ring all-gather: 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma.
 
-    Patarasuk & Yuan 2009 (bandwidth-optimal): any all-reduce makes 2(p-1) n bytes of transfers in all, so its
-    ranks send 2(p-1)/p n on average and the busiest at least that much; the ring meets it on every rank. Baidu ring.
+    An all-reduce built from point-to-point sends and receives moves at least 2(p-1) n bytes in all (nccl-tests
+    doc/PERFORMANCE.md, "as long as they use point-to-point operations"), 2(p-1)/p n per rank on average; the ring
+    meets it on every rank (Patarasuk & Yuan 2009, bandwidth-optimal). A switch that adds (NVLink SHARP) lets each
+    GPU send less; recursive doubling sends more (allreduce_traffic).
     """
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta + (p - 1) / p * n_bytes * gamma
 

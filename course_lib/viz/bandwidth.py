@@ -79,9 +79,11 @@ def plot_sweep(rows: list[dict], ceilings: dict | None = None, fit: dict | None 
 
 
 def plot_piecewise_fit(sizes, seconds, line: tuple[float, float], pieces: list[dict], title: str = "",
-                       tol: float = 0.25):
-    """Left: measured times, one alpha + beta S line over all sizes (dashed) and one line per piece (solid).
-    Right: each fit's relative error at every size, with the +-tol band. Pieces as costs.alpha_beta.fit_pieces."""
+                       tol: float = 0.25, names=(), no_rate=(), split: str = ""):
+    """Left: measured times, one t = a + b S line over all sizes (dashed) and one line per piece (solid), named by
+    ``names``; pieces in ``no_rate`` (indices) get no 1/b in their label, their slope resting on too few points;
+    ``split`` labels the dotted line where a piece starts. Right: each fit's relative error at every size, with the
+    +-tol band. Pieces as costs.alpha_beta.fit_pieces."""
     from course_lib.costs import alpha_beta as cm
 
     a, b = line
@@ -92,15 +94,20 @@ def plot_piecewise_fit(sizes, seconds, line: tuple[float, float], pieces: list[d
                 label=f"one line: {a * 1e6:.0f} us + S / {1 / b / 1e9:.0f} GB/s")
     for k, pc in enumerate(pieces):
         xs = [s for s in fine if pc["lo"] <= s <= pc["hi"]]
+        name = f"piece {k + 1}" + (f" ({names[k]})" if k < len(names) else "")
+        rate = "b S" if k in no_rate else f"S / {1 / pc['beta'] / 1e9:.0f} GB/s"
         left.loglog(xs, [(pc["alpha"] + pc["beta"] * s) * 1e6 for s in xs], "-", lw=2, color=f"C{k}",
-                    label=f"piece {k + 1}: {pc['alpha'] * 1e6:.0f} us + S / {1 / pc['beta'] / 1e9:.0f} GB/s")
+                    label=f"{name}: {pc['alpha'] * 1e6:.0f} us + {rate}")
     for pc in pieces[1:]:
         for ax in (left, right):
             ax.axvline(pc["lo"], color="k", lw=0.8, ls=":")
+        if split:
+            left.annotate(split, (pc["lo"], 0.97), xycoords=("data", "axes fraction"), fontsize=7, ha="right",
+                          va="top", rotation=90)
     _size_axis(left)
     left.set_ylabel("time per call (us)")
-    left.set_title(title or "alpha + beta S fitted to a published sweep", fontsize=9)
-    left.legend(fontsize=7)
+    left.set_title(title or "a + b S fitted to a published sweep", fontsize=9)
+    left.legend(fontsize=7, loc="lower right")
     left.grid(alpha=0.3, which="both")
     right.axhspan(-100 * tol, 100 * tol, color="tab:green", alpha=0.1, label=f"within {tol:.0%}")
     right.semilogx(sizes, [100 * (a + b * s - t) / t for s, t in zip(sizes, seconds)], "o--", ms=3, color="grey",
