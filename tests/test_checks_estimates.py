@@ -8,7 +8,6 @@ import pytest
 
 from course_lib.checks import estimates, multi_node
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.sharding import check_per_rank_bytes
 from course_lib.checks.training import check_ring_bytes, check_servers_to_match_ring
 from course_lib.costs import alpha_beta
 from course_lib.costs import hardware as hw
@@ -252,28 +251,6 @@ def test_course_ring_fit_refuses_wrong_methods_and_results():
                                         rows)
     with pytest.raises(ExerciseFailed, match=r"not \(alpha, beta\)"):
         estimates.check_course_ring_fit(lambda rs: (True, 1e-9), rows)
-
-
-def test_per_rank_bytes_refuses_the_library():
-    from course_lib.measure.memory import per_rank_bytes
-
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 12\.1 is about the bytes each ZeRO stage leaves on a rank; "
-                                             r"the course's own measure\.memory\.per_rank_bytes \(it holds the "
-                                             r"answer\) is switched off here\."):
-        check_per_rank_bytes(lambda scheme, shapes, p: per_rank_bytes(scheme, shapes, p))
-    assert per_rank_bytes("DP", [(2, 3)], 2)["params"] == 24      # and it works again afterwards
-
-
-def _measured_on_ranks(scheme, shapes, p):      # right numbers by the library's runs, not by a rule
-    from course_lib.training import zero
-
-    out = zero.run_schemes(p, (scheme,), steps=1, batch_size=16, hidden=32, comm_log=False)
-    return {c: out[scheme][0]["memory"][c] for c in ("params", "grads", "optimizer")}
-
-
-def test_per_rank_bytes_refuses_measuring_real_ranks():
-    with pytest.raises(ExerciseFailed, match=r"training\.zero\.run_schemes \(it holds the answer\) is switched off"):
-        check_per_rank_bytes(_measured_on_ranks)
 
 
 def test_failure_rates():

@@ -1,6 +1,7 @@
-"""ZeRO stages 0-3 and FSDP2 with Adam by hand: same weights as single-process Adam at 2, 3 (uneven shards) and 4
-ranks (in float64, to tolerance.adam_atol: float32 rounding through Adam's division by √v̂ + ε can move a weight as
-far as Adam's own step); bytes held per rank and bytes sent per step equal to the formulas, padding included."""
+"""ZeRO stages 0-3 with Adam by hand and FSDP2 with torch.optim.Adam: same weights as single-process Adam at 2, 3
+(uneven shards) and 4 ranks (in float64, to tolerance.adam_atol: float32 rounding through Adam's division by √v̂ + ε
+can move a weight as far as Adam's own step); bytes held per rank and bytes sent per step equal to the formulas,
+padding included (torch's Adam keeps FSDP2's state unpadded: zero.held_by_fsdp2)."""
 
 import math
 
@@ -10,7 +11,7 @@ import torch
 from course_lib.measure.memory import SCHEMES, held_bytes, pad_bytes, per_rank_bytes
 from course_lib.training.adam import adam_step, train_single_adam
 from course_lib.training.tolerance import adam_atol, max_diff
-from course_lib.training.zero import my_rows, pad, ring_bytes_formula, run_schemes, zero_train
+from course_lib.training.zero import held_by_fsdp2, my_rows, pad, real_rows, ring_bytes_formula, run_schemes, zero_train
 
 STEPS, BATCH, HIDDEN = 3, 16, 32      # hidden 32: a 10-row last layer does not split evenly over 3 or 4 ranks
 
@@ -40,9 +41,14 @@ def test_every_scheme_ends_with_single_process_adam_weights(p):
 def test_memory_measured_equals_formula(runs):
     p, out = runs
     for scheme, ranks in out.items():
-        want = per_rank_bytes(scheme, ranks[0]["shapes"], p)
+        shapes = ranks[0]["shapes"]
         for r, v in enumerate(ranks):
+            want = held_by_fsdp2(shapes, p, r) if scheme == "FSDP2" else per_rank_bytes(scheme, shapes, p)
             assert v["memory"] == want, f"{scheme} rank {r}"
+    # FSDP2's first rank holds full shards, so the padded formula; a last rank with fewer real rows holds less
+    f2 = [v["memory"]["optimizer"] for v in out["FSDP2"]]
+    assert f2[0] == per_rank_bytes("FSDP2", out["FSDP2"][0]["shapes"], p)["optimizer"]
+    assert (f2[-1] < f2[0]) == (p in (3, 4))
     dp, z3 = out["DP"][0]["memory"]["total"], out["ZeRO-3"][0]["memory"]["total"]
     shapes = out["DP"][0]["shapes"]
     assert z3 * p == dp + pad_bytes("ZeRO-3", shapes, p)               # 16Ψ over p ranks, plus padding rows
@@ -91,6 +97,15 @@ def test_adam_step_equals_torch_adam():
         opt.step()
         adam_step(mine, g, m, v, t, 0.01)
     assert torch.allclose(mine, w.detach(), atol=1e-7)
+
+
+def test_real_rows_add_up_to_the_tensor_and_sit_first():
+    for rows in (1, 2, 10, 32, 256):
+        for p in (1, 2, 3, 4, 5):
+            got = [real_rows(rows, p, r) for r in range(p)]
+            assert sum(got) == rows and got == sorted(got, reverse=True), (rows, p, got)
+    assert [real_rows(10, 4, r) for r in range(4)] == [3, 3, 3, 1]
+    assert [real_rows(2, 4, r) for r in range(4)] == [1, 1, 0, 0]
 
 
 def test_row_shards_cover_the_padded_tensor():

@@ -1,12 +1,14 @@
 """Checkers for the exercises of notebook 12 (sharded data parallel: ZeRO and FSDP).
 
-Each runs real ranks: the bytes a rank really holds under each ZeRO stage, and a ZeRO-1 update written by the
-learner trained against single-process Adam (Rajbhandari et al., SC'20, section 5.1). The library's own answers
-(course_lib.measure.memory's formulas, course_lib.training.zero's steps) are switched off while the learner's code
-runs, and its collectives are counted at the dispatcher (traffic.py), however it called them.
+Each runs real ranks: the time a ZeRO-3 forward with prefetch really takes on the emulated link, and a ZeRO-1 update
+written by the learner trained against single-process Adam (Rajbhandari et al., SC'20, section 5.1). The library's
+own answers (course_lib.training.prefetch's runs, course_lib.training.zero's steps) and every way to start ranks are
+switched off while the learner's code runs, and its collectives are counted at the dispatcher (traffic.py).
 """
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -14,46 +16,68 @@ from torch import nn
 
 from ..measure.c10d_ops import everything_but
 from ..runtime.devices import device
+from ..runtime.launch import run
 from ..training.adam import adam_step
 from ..training.data import combined_batch, load_digits, worker_batch
 from ..training.model import flat_params, make_mlp
-from ..training.zero import run_schemes
+from ..training.prefetch import forward_times
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
 
 STEPS, BATCH, HIDDEN = 3, 16, 32     # hidden 32: 3466 parameters, a 10-row layer: uneven over 3 and 4 ranks
-MEMORY_ANSWERS = tuple(f"course_lib.measure.memory.{f}" for f in ("per_rank_bytes", "pad_bytes", "padded_numel",
-                                                                     "padded_rows"))
-# the routes to bytes measured on real ranks: the library's ZeRO runs and the launcher itself
-MEASURED_ANSWERS = ("course_lib.training.zero.run_schemes", "course_lib.training.zero.train_schemes",
-                    "course_lib.runtime.launch.run")
 ZERO_ANSWERS = tuple(f"course_lib.training.zero.{f}" for f in ("zero1_step", "zero2_step", "zero3_step", "dp_step",
                                                                "reduce_scatter_mean", "_update_my_rows_and_gather"))
 
 
-def check_per_rank_bytes(per_rank_bytes, exercise: str = "Exercise 12.1") -> None:
-    """`per_rank_bytes(scheme, shapes, p)` -> {"params", "grads", "optimizer"}: bytes ONE rank holds under scheme
-    "DP", "ZeRO-1", "ZeRO-2" or "ZeRO-3" (fp32 Adam); compared with what real ranks held, for 3 and 4 ranks."""
-    hint = ("Count bytes per parameter for weights, gradients and Adam's state in fp32, and how a tensor split by rows "
-            "over p ranks rounds up. Which of the three does each ZeRO stage shard?")
-    schemes = ("DP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
-    shapes = [tuple(q.shape) for q in make_mlp(HIDDEN, 0).parameters()]
-    # The learner's answers first (no ranks needed), then what real ranks held with the same model.
-    answers = {(s, p): call_learner(exercise, per_rank_bytes, s, shapes, p, hint=hint,
-                                    library=MEMORY_ANSWERS + MEASURED_ANSWERS,
-                                    why="the bytes each ZeRO stage leaves on a rank")
-               for p in (3, 4) for s in schemes}
-    for p in (3, 4):
-        out = run_schemes(p, schemes, timeout=60, steps=1, batch_size=BATCH, hidden=HIDDEN, comm_log=False)
-        for s in schemes:
-            assert [tuple(x) for x in out[s][0]["shapes"]] == shapes, "the ranks trained another model"
-            answer = answers[(s, p)]
-            for r, v in enumerate(out[s]):
-                held = {c: v["memory"][c] for c in ("params", "grads", "optimizer")}
-                got = {c: answer.get(c) for c in held} if isinstance(answer, dict) else answer
-                if got != held:
-                    raise ExerciseFailed(with_hint(f"{exercise}: {s} with p={p}, shapes {shapes}: you said {got}, "
-                                                   f"rank {r} really held {held} bytes.", hint))
-    return passed(exercise, "your formula equals the bytes real ranks held under DP and ZeRO-1/2/3 at 3 and 4 ranks")
+# Exercise 12.1: layers of equal width first (a rule right only for them passes there), then uneven ones, whose
+# all-gathers and computes no longer pair up layer by layer
+PREFETCH_LINK = "100 MbE"
+PREFETCH_CASES = {
+    2: [([96, 96, 96, 96], [0.004] * 4), ([32, 256, 64, 160], [0.006, 0.002, 0.010, 0.003])],
+    3: [([96, 96, 96], [0.003] * 3), ([192, 48, 240, 96], [0.002, 0.008, 0.001, 0.005])],
+}
+PREFETCH_ANSWERS = tuple(f"course_lib.training.prefetch.{f}" for f in ("forward_times", "sharded_forward",
+                                                                       "gather_seconds"))
+
+
+def _prefetch_runs(cases, link):
+    """Run on every rank: prefetch.forward_times for each (widths, compute seconds) case."""
+    return [forward_times(widths, compute_s, link) for widths, compute_s in cases]
+
+
+def check_prefetch_forward_s(prefetch_forward_s, exercise: str = "Exercise 12.1") -> None:
+    """`prefetch_forward_s(gather_s, compute_s)` -> seconds of a ZeRO-3 forward with one layer of prefetch (layer
+    i+1's all-gather posted just before layer i computes; the link carries one gather at a time). Compared with the
+    forward the course's loop really took on 2 and 3 gloo ranks over an emulated link, each layer's all-gather
+    seconds measured on that link, for layers of uneven widths and compute times."""
+    hint = ("Follow the clock layer by layer: when can layer i start computing, and when is layer i+1's all-gather "
+            "posted? Which gather travels during which layer's compute, and which one does nothing hide?")
+    even_ok = None
+    for p, cases in PREFETCH_CASES.items():
+        runs = run(_prefetch_runs, p, args=(cases, PREFETCH_LINK), backend="gloo", output="none", timeout=60).values
+        for i, ((widths, compute_s), measured) in enumerate(zip(cases, runs[0])):
+            assert all(r[i]["prefetch"]["seconds"] == measured["prefetch"]["seconds"] for r in runs), "ranks differ"
+            assert measured["prefetch"]["exact"], "the sharded forward lost the unsharded forward's output"
+            gather_s, want = list(measured["gather_s"]), measured["prefetch"]["seconds"]
+            got = call_learner(exercise, prefetch_forward_s, list(gather_s), list(compute_s), hint=hint,
+                               library=PREFETCH_ANSWERS, why="predicting what prefetch hides")
+            number = isinstance(got, numbers.Real) and not isinstance(got, bool)
+            # the clock adds a few float64 seconds per layer, rounded to ~1e-18 s each: 1e-9 s is far above that
+            ok = number and abs(got - want) <= 1e-9
+            even = len(set(compute_s)) == 1 and len(set(widths)) == 1
+            if even:
+                even_ok = ok
+            if not ok:
+                ms = ", ".join(f"{t * 1e3:.3f}" for t in gather_s)
+                said = f"{got * 1e3:.3f} ms" if number else repr(got)
+                extra = (" Your rule gave the right time for layers of equal width; here they differ, so pair each "
+                         "all-gather with the compute it really runs beside." if even_ok and not even else "")
+                raise ExerciseFailed(with_hint(
+                    f"{exercise}: {p} ranks, layers of {widths} rows, all-gathers of {ms} ms and compute of "
+                    f"{', '.join(f'{c * 1e3:g}' for c in compute_s)} ms: you said {said}, the forward with prefetch "
+                    f"took {want * 1e3:.3f} ms on the emulated link (without prefetch "
+                    f"{measured['no_prefetch']['seconds'] * 1e3:.3f} ms).{extra}", hint))
+    return passed(exercise, "your rule gives the time of a forward with prefetch on 2 and 3 ranks, for equal and "
+                            "for uneven layers, to the nanosecond of the emulated clock")
 
 
 WARM = 2    # steps of single-process Adam before the learner's: m and v start as shards of a state that is not zero

@@ -5,8 +5,10 @@
   NIC); projection, scaling (10: the cost model's step time for PS and ring next to emulated runs).
 - gossip, local_sgd, compression, decentralized_cost, straggler (11: D-PSGD on graphs, local SGD and DiLoCo,
   top-k and PowerSGD, their costs side by side, a slow rank).
-- adam, zero, fsdp, sharded_loop (12: Adam by hand, ZeRO stages 0-3, FSDP2's fully_shard, the loop they share).
-- tensor_parallel (13: Megatron's column/row split, sequence parallelism).
+- adam, zero, fsdp, sharded_loop, prefetch (12: Adam by hand, ZeRO stages 0-3, FSDP2's fully_shard, the loop they
+  share, prefetching the next layer's all-gather on the emulated link).
+- tensor_parallel, sequence_parallel (13: Megatron's column/row split; Korthikanti's g and g-bar, and the Linear
+  fused with g that keeps only its tokens).
 - pipeline, pipeline_schedules, mixed_precision, parallel_plan (14: stages, GPipe and 1F1B, bf16/fp16 with loss
   scaling, a DP/ZeRO/TP/PP layout calculator).
 - moe, ring_attention, mesh (15: experts over all_to_all, ring attention, 2-D device meshes).

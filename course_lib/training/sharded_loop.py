@@ -30,9 +30,10 @@ class NoLog:
 
 
 def train_steps(model, params, steps, batch_size, seed, comm_log, update, grads, optimizer_state):
-    """Run the loop: memory.measure after the last backward (`grads()`: what the rank holds as gradients then),
-    `update(t)` with t counting from 1; the batch is cast to the parameters' dtype (float32, or float64 for the
-    exact comparison with single-process Adam). Returns (losses, CommLog summary per step, memory)."""
+    """Run the loop: memory.measure after the last backward (`grads()`: what the rank holds as gradients then;
+    `optimizer_state`: its tensors, or a function returning them, for an optimizer that makes its state at its first
+    step), `update(t)` with t counting from 1; the batch is cast to the parameters' dtype (float32, or float64 for
+    the exact comparison with single-process Adam). Returns (losses, CommLog summary per step, memory)."""
     rank, p, dev = dist.get_rank(), dist.get_world_size(), device()
     dtype = params[0].dtype
     x, y = load_digits()
@@ -45,7 +46,8 @@ def train_steps(model, params, steps, batch_size, seed, comm_log, update, grads,
             loss = nn.functional.cross_entropy(model(xb.to(dev, dtype)), yb.to(dev))
             loss.backward()
             if step == steps - 1:
-                memory = measure(params, grads(), optimizer_state)
+                state = optimizer_state() if callable(optimizer_state) else optimizer_state
+                memory = measure(params, grads(), state)
             update(step + 1)
         losses.append(loss.item())
         traffic.append(log.summary())

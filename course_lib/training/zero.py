@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
-from ..measure.memory import SCHEMES, numel, padded_numel, padded_rows
+from ..measure.memory import SCHEMES, numel, padded_numel, padded_rows, per_rank_bytes
 from ..runtime.launch import run
 from .adam import adam_step
 from .fsdp import fsdp_train
@@ -215,6 +215,23 @@ def ring_bytes_formula(scheme: str, shapes, p: int, bytes_per_value: int = 4) ->
     factor = {"DP": 2, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3, "FSDP2": 3}[scheme]
     values = numel(shapes) if scheme == "DP" else padded_numel(shapes, p)
     return factor * (p - 1) / p * values * bytes_per_value
+
+
+def real_rows(rows: int, p: int, rank: int) -> int:
+    """Rows of a `rows`-row tensor that rank `rank` really owns, padding excluded: ceil(rows/p) on the first ranks,
+    what is left on the next, 0 after (10 rows at 4 ranks: 3, 3, 3, 1)."""
+    k = padded_rows(rows, p) // p
+    return max(0, min(k, rows - rank * k))
+
+
+def held_by_fsdp2(shapes, p: int, rank: int) -> dict:
+    """Bytes rank `rank` holds under FSDP2 with torch's Adam in fp32: parameters and gradients in FSDP2's padded
+    shard storage (per_rank_bytes("FSDP2")), Adam's m and v made like the DTensor's local shard, its real rows only
+    (8 bytes per value); the last ranks hold less when rows do not split evenly."""
+    out = dict(per_rank_bytes("FSDP2", shapes, p))
+    out["optimizer"] = 8 * sum(real_rows(s[0], p, rank) * numel([s[1:]]) for s in shapes)
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
 
 
 def train_schemes(schemes=SCHEMES, **kw) -> dict:
