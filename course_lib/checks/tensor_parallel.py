@@ -1,7 +1,8 @@
 """Checkers for the exercises of notebook 13 (tensor parallelism, Megatron-LM: Shoeybi et al. 2019, section 3).
 
-Each runs the learner's function on real ranks, every rank with a copy of the same nn.Linear and input in which
-everything outside the rank's slice (weight rows or columns, bias entries, input columns it must not read) is NaN,
+Each runs the learner's function on real ranks, every rank with a copy of the same nn.Linear (or, in 13.3,
+nn.MultiheadAttention) and input in which everything outside the rank's slice (weight rows or columns, bias
+entries, input columns, other ranks' attention heads) is NaN,
 and compares with the clean nn.Linear: computing the whole layer and keeping a slice reads the NaNs, and any
 operation that produces a NaN from them is reported. The course's own parallel layers are switched off while it
 runs, and so is every collective the split does not need (switch_off.py); the calls it makes are counted at the
@@ -23,7 +24,8 @@ BATCH = 5
 TP_ANSWERS = tuple(f"course_lib.training.tensor_parallel.{f}" for f in (
     "ColumnParallelLinear.forward", "RowParallelLinear.forward", "TensorParallelMLP.forward", "copy_to_tp",
     "reduce_from_tp", "gather_from_tp", "ColumnParallelLinear.__init__", "RowParallelLinear.__init__", "_slice",
-    "_ReduceFromTP.forward", "_ReduceFromTP.backward"))
+    "_ReduceFromTP.forward", "_ReduceFromTP.backward")) + tuple(
+    f"course_lib.training.sequence_parallel.{f}" for f in ("gather_linear", "gather_tokens", "scatter_tokens"))
 EVERY_OTHER = everything_but("all_reduce")
 
 
@@ -81,7 +83,7 @@ def _case(exercise, learner, n_in, n_out, forbid, why, split):
             "rank": dist.get_rank(), "bias": linear.bias.detach().cpu(), "nan_from": seen.ops}
 
 
-def _compare(exercise, world, vals, expect, hint, diagnose=None):
+def _compare(exercise, world, vals, expect, hint, diagnose=None, atol=1e-5):
     """Every rank's answer against expect(nn.Linear's output, rank, world); yields each rank's calls."""
     for v in vals:
         case, want, got = f"{world} ranks, rank {v['rank']}", expect(v["want"], v["rank"], world), v["got"]
@@ -95,8 +97,9 @@ def _compare(exercise, world, vals, expect, hint, diagnose=None):
             raise ExerciseFailed(with_hint(
                 f"{exercise}: {case}: your code read numbers outside this rank's slice: the checker set them to NaN, "
                 f"and {v['nan_from'][0]} produced NaN from them. A tensor-parallel rank holds only its slice.", hint))
-        # float32 products of 6 terms, summed in another order or split over ranks: 1e-5 is 100x that rounding
-        if not torch.allclose(got, want, atol=1e-5):
+        # 13.1-13.2: float32 products of 6 terms, summed in another order or split over ranks: 1e-5 is 100x that
+        # rounding; 13.3 passes its own (ATTENTION_ATOL)
+        if not torch.allclose(got.double(), want.double(), atol=atol):
             extra = (diagnose(v, world) or "") if diagnose else ""
             raise ExerciseFailed(with_hint(f"{exercise}: {case}: wrong values, off by up to "
                                            f"{(got - want).abs().max().item():.3g}.{extra}", hint))
@@ -121,7 +124,7 @@ def check_column_parallel_forward(column_parallel_forward, exercise: str = "Exer
 
 def _bias_counted(v, world):
     if v["got"].shape == v["want"].shape and torch.allclose(v["got"], v["want"] + (world - 1) * v["bias"], atol=1e-4):
-        return (f" Your result is nn.Linear's plus {world - 1} extra biases: the bias was added on every rank before "
+        return (f" Your result is the layer's plus {world - 1} extra biases: the bias was added on every rank before "
                 f"the all-reduce, so the sum holds it {world} times.")
     return None
 
@@ -143,3 +146,69 @@ def check_row_parallel_linear(row_parallel_linear, exercise: str = "Exercise 13.
                                                f"expected exactly one all_reduce of the {BATCH} x {n_out} float32 "
                                                f"partial sums, {want[0][1]} bytes.", hint))
     return passed(exercise, "linear(x) on every rank for 2 and 3 ranks, with exactly one all_reduce")
+
+
+# (world size, heads, embedding h): 3 and 2 heads per rank of size 2, so the head size (2), a rank's width h/p (6, 4)
+# and h (12) are three different numbers; batch 2 of 5 tokens
+ATTENTION_CASES = [(2, 6, 12), (3, 6, 12)]
+ATTENTION_SHAPE = (2, 5)
+# float64: every sum here has at most h = 12 terms whose sizes add up to less than 50 on these inputs
+# (tests/test_checks_tensor_parallel.py checks it), so one reordering moves it by at most 2·12·2^-53·50 ≈ 1.3e-13;
+# 1e-9 leaves room for the few sums each result passes through, and every wrong method misses by more than 1e-3
+ATTENTION_ATOL = 1e-9
+
+
+def _poisoned_attention(attn, rank, world):
+    """A copy of `attn` with NaN in every weight of the other ranks' heads: their query, key and value rows of
+    in_proj (the three stacked h x h blocks) and in_proj_bias, and their columns of out_proj.weight."""
+    h = attn.embed_dim
+    bad = nn.MultiheadAttention(h, attn.num_heads, batch_first=True, dtype=attn.in_proj_weight.dtype,
+                                device=attn.in_proj_weight.device)
+    bad.load_state_dict(attn.state_dict())
+    k = h // world                                      # this rank's heads are the features r·h/p .. (r+1)·h/p
+    outside = torch.ones(h, dtype=torch.bool, device=attn.in_proj_weight.device)
+    outside[rank * k:(rank + 1) * k] = False
+    with torch.no_grad():
+        bad.in_proj_weight.view(3, h, h)[:, outside] = float("nan")
+        bad.in_proj_bias.view(3, h)[:, outside] = float("nan")
+        bad.out_proj.weight[:, outside] = float("nan")
+    return bad.eval()
+
+
+def _attention_case(exercise, learner, heads, h):
+    """On every rank: the same clean attention and x give nn.MultiheadAttention's output; the learner gets a copy
+    poisoned outside this rank's heads."""
+    from ..runtime.devices import device
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(h, heads, batch_first=True, dtype=torch.float64, device=device()).eval()
+    with torch.no_grad():
+        attn.out_proj.bias += 1.0                       # a bias far from zero: adding it on every rank shows
+        x = torch.randn(*ATTENTION_SHAPE, h, dtype=torch.float64, device=device())
+        want = attn(x, x, x, need_weights=False)[0]
+        bad = _poisoned_attention(attn, dist.get_rank(), dist.get_world_size())
+        with _NaNRead() as seen:
+            got, record = watched_call(exercise, learner, (x.clone(), bad), forbid=EVERY_OTHER,
+                                       why="one all-reduce after the heads' output projection", library=TP_ANSWERS)
+    got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
+    return {"want": want.cpu(), "got": got, "calls": [(name, size) for name, size, *_ in record["collectives"]],
+            "rank": dist.get_rank(), "bias": attn.out_proj.bias.detach().cpu(), "nan_from": seen.ops}
+
+
+def check_tp_attention(tp_attention, exercise: str = "Exercise 13.3") -> None:
+    """`tp_attention(x, attn)` -> attn(x, x, x)[0] on every rank for an nn.MultiheadAttention (batch_first), from this
+    rank's num_heads / p consecutive heads only (their q, k, v rows of in_proj, their columns of out_proj) and ONE
+    all_reduce of the batch x tokens x h partial sums; 2 and 3 ranks, float64 (Shoeybi et al. 2019, figure 3b)."""
+    hint = ("Each rank owns whole heads. Which rows of each of the three stacked blocks of in_proj_weight belong to "
+            "its heads, what scales each head's scores, and which columns of out_proj multiply its heads' outputs?")
+    for world, heads, h in ATTENTION_CASES:
+        vals = launch_checked(exercise, _attention_case, world, args=(exercise, tp_attention, heads, h),
+                              hint=hint, what=f"{world} ranks")
+        for calls in _compare(exercise, world, vals, lambda y, r, p: y, hint, _bias_counted, atol=ATTENTION_ATOL):
+            want = [("all_reduce", ATTENTION_SHAPE[0] * ATTENTION_SHAPE[1] * h * 8)]
+            if calls != want:
+                raise ExerciseFailed(with_hint(
+                    f"{exercise}: {world} ranks: your function ran {calls} (op, bytes); expected exactly one "
+                    f"all_reduce of the {ATTENTION_SHAPE[0]} x {ATTENTION_SHAPE[1]} x {h} float64 partial sums of "
+                    f"the output projection, {want[0][1]} bytes.", hint))
+    return passed(exercise, "attn(x, x, x) on every rank for 2 and 3 ranks, from this rank's heads only, with exactly "
+                            "one all_reduce")
