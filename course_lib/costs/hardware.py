@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from pathlib import Path
 
 from . import alpha_beta
@@ -231,3 +232,66 @@ def gradient_transfer_table(n_params: float, bytes_per_grad: float = 2) -> list[
     n = n_params * bytes_per_grad
     return [{"link": lk["name"], "kind": lk["kind"], "level": lk["level"], "GBps_one_direction":
              lk["GBps_one_direction"], "seconds": transfer_time_s(n, lk)} for lk in links()]
+
+
+# ---------------------------------------------------------------------------------------------- a server's topology
+# nvidia-smi's PCIe path kinds from closest to farthest: NVML's nvmlGpuTopologyLevel_t numbers them SINGLE 10 (PIX),
+# MULTIPLE 20 (PXB), HOSTBRIDGE 30 (PHB), NODE 40, SYSTEM 50 (nvml.h, NVIDIA/go-nvml gen/nvml/nvml.h).
+PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+def nvidia_smi_topo_text(name: str = "nvidia_smi_topo_8xH100") -> str:
+    """A published `nvidia-smi topo -m` output (data/<name>.txt): '## ' lines naming its source, then the output."""
+    return (DATA_DIR / f"{name}.txt").read_text(encoding="utf-8")
+
+
+def parse_nvidia_smi_topo(text: str) -> dict:
+    """The matrix, per-GPU CPU/NUMA columns, legend and NIC names of an `nvidia-smi topo -m` output (notebook 02).
+
+    Columns may be tabs or spaces. Returns {"devices", "gpus", "nics", "path": {a: {b: "NV18" | "PIX" | ...}},
+    "columns": {gpu: {"CPU Affinity": ..., "NUMA Affinity": ...}}, "legend": {"PIX": "Connection traversing ..."},
+    "nic_names": {"NIC0": "mlx5_0"}}; "X" (self) is left out of "path".
+    """
+    lines = [ln for ln in text.splitlines() if not ln.startswith("##")]
+    header = next(i for i, ln in enumerate(lines) if ln[:1].isspace() and ln.split()[:1] == ["GPU0"])
+    names = re.split(r"\t+|\s{2,}", lines[header].strip())
+    devices = [n for n in names if " " not in n and "Affinity" not in n]
+    extra = names[len(devices):]                   # "CPU Affinity", "NUMA Affinity", "GPU NUMA ID" (by version)
+    path, columns, legend, nic_names = {}, {}, {}, {}
+    section = "matrix"
+    for ln in lines[header + 1:]:
+        fields = ln.split()
+        if ln.strip() in ("Legend:", "NIC Legend:"):
+            section = ln.strip()
+        elif section == "matrix" and fields and fields[0] in devices:
+            cells = fields[1:1 + len(devices)]
+            path[fields[0]] = {b: c for b, c in zip(devices, cells) if c != "X"}
+            if fields[0].startswith("GPU"):
+                columns[fields[0]] = dict(zip(extra, fields[1 + len(devices):]))
+        elif section == "Legend:" and (m := re.match(r"\s*(\S+)\s*=\s*(.+?)\s*$", ln)):
+            legend[m[1]] = m[2]
+        elif section == "NIC Legend:" and (m := re.match(r"\s*(NIC\d+):\s*(\S+)", ln)):
+            nic_names[m[1]] = m[2]
+    return {"devices": devices, "gpus": [d for d in devices if d.startswith("GPU")],
+            "nics": [d for d in devices if not d.startswith("GPU")], "path": path, "columns": columns,
+            "legend": legend, "nic_names": nic_names}
+
+
+def nvidia_smi_topo(name: str = "nvidia_smi_topo_8xH100") -> dict:
+    """parse_nvidia_smi_topo of the published output data/<name>.txt."""
+    return parse_nvidia_smi_topo(nvidia_smi_topo_text(name))
+
+
+def closest_nics(topo: dict) -> dict:
+    """For every GPU: (the NICs on its shortest PCIe path, that path kind), in PCIE_PATHS order.
+
+    NCCL keeps as a GPU's local NICs those it reaches with the most bandwidth and, among them, the shortest path
+    (ncclTopoGetLocal, NCCL src/graph/topo.cc); nvidia-smi shows no bandwidth, so this ranks by the path alone.
+    """
+    out = {}
+    for gpu in topo["gpus"]:
+        kinds = {nic: topo["path"][gpu][nic] for nic in topo["nics"] if topo["path"][gpu].get(nic) in PCIE_PATHS}
+        if kinds:
+            best = min(kinds.values(), key=PCIE_PATHS.index)
+            out[gpu] = ([nic for nic, k in kinds.items() if k == best], best)
+    return out
