@@ -279,3 +279,25 @@ def test_the_gossip_ring_and_the_course_ring_run_on_nccl_and_the_unbatched_ring_
     # the pattern the mode refuses on gloo: NCCL serialises it on the group's stream and it never completes
     with pytest.raises(RankFailed):
         run(_gossip_and_rings_on_gpus, p, args=(False,), backend="nccl", timeout=20, output="none")
+
+
+AVERAGE_GRADIENTS = """
+def average_gradients(model, batch_size):
+    total = torch.tensor([float(batch_size)], device=next(model.parameters()).device)
+    dist.all_reduce(total)
+    for p in model.parameters():
+        p.grad *= batch_size
+        dist.all_reduce(p.grad)
+        p.grad /= total
+"""
+
+
+@pytest.mark.skipif(GPUS < 2, reason="the checker runs 2 and more ranks: NCCL needs a GPU per rank")
+def test_exercise_9_1_checker_passes_on_nccl():
+    import torch.distributed as dist
+
+    from course_lib.checks.training import check_average_gradients
+    from tests.conftest import notebook_function
+
+    # its ranks put the model on their GPU: a checker whose model stayed on the CPU would fail every solution on NCCL
+    check_average_gradients(notebook_function(AVERAGE_GRADIENTS, "average_gradients", torch=torch, dist=dist))

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..costs import alpha_beta
+from ..runtime.devices import device
 from ..training import tolerance
 from ..training.allreduce import dp_train
 from ..training.data import load_digits, shard_indices
@@ -40,18 +41,18 @@ def _uneven_batch(x, y, rank, world, step):
 
 
 def _dp_with_learner(exercise, average_gradients, steps, lr):
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     x, y = load_digits()
-    model = make_mlp(HIDDEN, 0)
+    model = make_mlp(HIDDEN, 0).to(dev)          # on the rank's GPU under NCCL: its gradients are what NCCL moves
     for step in range(steps):
         xb, yb = _uneven_batch(x, y, rank, n, step)
         model.zero_grad()
-        nn.functional.cross_entropy(model(xb), yb).backward()        # the mean over this rank's own batch
+        nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev)).backward()   # the mean over this rank's own batch
         watched_call(exercise, average_gradients, (model, len(yb)))
         with torch.no_grad():
             for p in model.parameters():
                 p -= lr * p.grad
-    return flat_params(model)
+    return flat_params(model).cpu()
 
 
 def _uneven_single(world: int, steps: int, lr: float) -> torch.Tensor:
