@@ -137,8 +137,14 @@ def test_ring_bytes_refuses_the_library_and_running_it():
     with pytest.raises(ExerciseFailed, match=r"alpha_beta\.ring_reduce_scatter \(it holds the answer\)"):
         check_ring_bytes(lambda n, m: alpha_beta.ring_reduce_scatter(n, m, 0, 1)
                          + alpha_beta.ring_all_gather(n, m, 0, 1))
+    from course_lib.bench.collectives import FACTORS
+    from course_lib.costs import parallel_plan
+
     for shortcut in (lambda n, m: alpha_beta.ps_vs_allreduce(n, m, 1.0)["allreduce_s"],
-                     lambda n, m: alpha_beta.byteps_optimal(n, m, 1.0, 0)):
+                     lambda n, m: alpha_beta.byteps_optimal(n, m, 1.0, 0),
+                     lambda n, m: FACTORS["all_reduce"](n) * m,
+                     lambda n, m: parallel_plan.ring_all_reduce_s(m, n, 1e-9),
+                     lambda n, m: 2 * alpha_beta.lg(n) / alpha_beta.tree_over_ring_ratio(n) * m):
         with pytest.raises(ExerciseFailed, match=r"\(it holds the answer\)"):
             check_ring_bytes(shortcut)
     with pytest.raises(ExerciseFailed, match=r"alpha_beta\.rabenseifner_allreduce \(it holds the answer\)"):

@@ -199,4 +199,4 @@ def check_sharded_push_pull(push_pull, exercise: str = "Exercise 8.2") -> None:
                 f"final weights differ from single-process SGD on the combined batch by up to {bad:.3g} (float32 "
                 f"summation order allows {atol:.1g}).", hint))
     return passed(exercise, "every message to and from the right server with its shard's size, and single-process "
-                            "SGD weights, for 1-3 workers with 2-4 servers of unequal shards")
+                            "SGD weights, for 1-3 workers with 2-4 servers (unequal shards with 3 and 4)")

@@ -32,7 +32,8 @@ RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costs.alpha_b
                 # with bandwidth 1 these return a ring's bytes too
                 "course_lib.costs.alpha_beta.ps_vs_allreduce", "course_lib.costs.alpha_beta.byteps_optimal",
                 "course_lib.costs.alpha_beta.hierarchical_allreduce", "course_lib.costs.projection.ring_step",
-                "course_lib.costs.projection.project")
+                "course_lib.costs.projection.project", "course_lib.costs.parallel_plan.ring_all_reduce_s",
+                "course_lib.costs.alpha_beta.tree_over_ring_ratio", "course_lib.bench.collectives.FACTORS.all_reduce")
 
 
 def _distinct(rank, world, size, dtype):

@@ -89,7 +89,7 @@ def _python_stub(message: str):
 
 
 def _resolve(path: str):
-    """'course_lib.collectives.ring.ring_all_reduce' or '...tensor_parallel.ColumnParallelLinear.forward'."""
+    """'course_lib.collectives.ring.ring_all_reduce', '...ColumnParallelLinear.forward' or a dict's entry."""
     parts = path.split(".")
     for i in range(len(parts) - 1, 0, -1):
         try:
@@ -97,7 +97,7 @@ def _resolve(path: str):
         except ImportError:
             continue
         for attr in parts[i:]:
-            obj = getattr(obj, attr)
+            obj = obj[attr] if isinstance(obj, dict) else getattr(obj, attr)   # a table of lambdas: FACTORS.all_reduce
         return obj
     raise ImportError(f"cannot find {path}")
 
@@ -113,7 +113,8 @@ def _factory({cells}):
 def _stub_code(fn, key: str):
     """A code object that refuses, with as many free variables as ``fn`` has (so it can take fn's closure)."""
     free = fn.__code__.co_freevars
-    src = _STUB_SOURCE.format(cells=", ".join(free), name=fn.__code__.co_name, key=key,
+    name = fn.__code__.co_name if fn.__code__.co_name.isidentifier() else "switched_off"   # a lambda: "<lambda>"
+    src = _STUB_SOURCE.format(cells=", ".join(free), name=name, key=key,
                               touch=f"({', '.join(free)},)\n        " if free else "")
     scope: dict = {}
     exec(compile(src, fn.__code__.co_filename, "exec"), scope)

@@ -1,4 +1,4 @@
-"""Bytes each rank sends and receives per training step, and the formulas they must match (notebook 10).
+"""Bytes each rank sends and receives per training step, and the formulas they must match (notebooks 08, 10).
 
 Formulas from course_lib.costs.alpha_beta (BytePS, Jiang et al. OSDI'20; Patarasuk & Yuan 2009): a single parameter
 server receives n*M and sends n*M bytes per step (k servers: n*M/k each); ring all-reduce sends 2(n-1)/n*M per rank.
