@@ -162,12 +162,20 @@ def all_reduce_by_c10d_module(t):  # ... and through the module the Python names
     return t
 
 
+def broadcast_into_a_copy(t, src):      # the right values, returned in a new tensor: t itself is left as it was
+    out = t.clone()
+    good_broadcast(out, src)
+    return out
+
+
 def test_broadcast_passes_and_wrong_ones_are_named(capsys):
     check_broadcast(good_broadcast, worlds=(2, 3))
     assert "✓ Exercise 4.2 passed" in capsys.readouterr().out
-    with pytest.raises(ExerciseFailed, match=r"world_size=2, size=1, dtype=float32, rank 0.s tensor itself") as e:
+    with pytest.raises(ExerciseFailed, match=r"wrong result with world_size=2, size=1, dtype=float32 on rank 0") as e:
         check_broadcast(bcast_from_zero, worlds=(2,))
     assert "expected" in str(e.value) and "Hint" in str(e.value)
+    with pytest.raises(ExerciseFailed, match=r"rank \d.s tensor itself does not hold the result \(it must work in"):
+        check_broadcast(broadcast_into_a_copy, worlds=(2,))
 
 
 def test_broadcast_forbids_dist_broadcast_however_reached():

@@ -279,11 +279,14 @@ def check_collective(
         for i, case in enumerate(cases):
             per_rank = [v[i] for v in res.values]
             for rank, (want, got, x, _) in enumerate(per_rank):
-                if in_place and not _same(want, x):
+                if in_place and not _same(want, x) and got is not None and _same(want, got):   # right, not in place
                     raise ExerciseFailed(with_hint(
                         f"{exercise}: with {case}, rank {rank}'s tensor itself does not hold the result (it must "
                         f"work in place, like torch's own op).\n  expected: {_fmt(want)}\n  the tensor holds: "
                         f"{_fmt(x)}", hint))
+                if in_place and not _same(want, x):                      # a wrong sum, whether returned or not
+                    raise ExerciseFailed(with_hint(f"{exercise}: wrong result with {case} on rank {rank}.\n"
+                                                   f"  expected: {_fmt(want)}\n  got:      {_fmt(x)}", hint))
                 if not (in_place and got is None) and not _same(want, got):
                     raise ExerciseFailed(with_hint(f"{exercise}: wrong result with {case} on rank {rank}.\n"
                                                    f"  expected: {_fmt(want)}\n  got:      {_fmt(got)}", hint))
