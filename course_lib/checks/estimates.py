@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from ..bench.collectives import FACTORS
 from ..costs import alpha_beta
 from ..costs import hardware as hw
 from .core import ExerciseFailed, call_learner, passed, with_hint
@@ -154,7 +155,8 @@ def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise
     doc/PERFORMANCE.md: algbw = S/t, busbw = algbw x (n-1)/n for all_gather)."""
     hint = ("Which size does nccl-tests divide by for algbw, in which units (GiB or GB), and how does it turn "
             "all_gather's algbw into a bus bandwidth (its doc/PERFORMANCE.md)?")
-    got = call_learner(exercise, all_gather_bandwidths, hint=hint)
+    got = call_learner(exercise, all_gather_bandwidths, hint=hint, why="nccl-tests' bus bandwidth factors",
+                       library=tuple(f"course_lib.bench.collectives.FACTORS.{op}" for op in FACTORS))
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise ExerciseFailed(f"{exercise}: return two numbers, (algbw, busbw); you returned {got!r}.")
     algbw = (1 << 30) / 10e-3 / 1e9
@@ -222,6 +224,11 @@ def check_course_ring_fit(fit_course_ring, rows, exercise: str = "Exercise 7.2")
         best = alpha_beta.fit_alpha_beta([r["size_bytes"] for r in ring], [r["time_us"] / 1e6 for r in ring],
                                         p=ring[0]["ranks"], algorithm="ring")
         mine, least = _relative_rms(case, *got), _relative_rms(case, *best)
+        if mine > least + 0.02 and got[0] < 1e-3 * best[0]:
+            raise ExerciseFailed(with_hint(
+                f"{exercise}: on {name} your alpha = {got[0]:.3g} s is about zero: was the least squares solved in "
+                "float32, or with S in bytes beside a column of ones? A solver that drops small singular values then "
+                "drops alpha's column; use float64, or scale S (to MiB, say) and scale beta back.", hint))
         if mine > least + 0.02:
             raise ExerciseFailed(with_hint(
                 f"{exercise}: on {name} your alpha = {got[0]:.3g} s, beta = {got[1]:.3g} s/byte miss the ring rows by "

@@ -10,6 +10,8 @@ come from course_lib.training.tolerance (float32 summation order, derived there)
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -119,7 +121,9 @@ def check_ring_bytes(ring_bytes, exercise: str = "Exercise 10.1") -> None:
     answers = {n: call_learner(exercise, ring_bytes, n, m, hint=hint, why="the bytes of a ring",
                                library=RING_SHORTCUTS) for n in (2, 3, 4, 5, 8, 64)}
     for n, ans in answers.items():
-        if not isinstance(ans, (int, float)):
+        if isinstance(ans, torch.Tensor) and ans.numel() == 1:
+            ans = ans.item()                             # a 0-d tensor of bytes is a number too
+        if not isinstance(ans, numbers.Real) or isinstance(ans, bool):
             raise ExerciseFailed(with_hint(f"{exercise}: n={n}: you returned {ans!r}, not a number of bytes.", hint))
         if n > 4:      # beyond what this machine runs: the bytes a ring of n ranks sends, to the same 8 bytes
             if abs(ans - 2 * (n - 1) * m / n) > 8:

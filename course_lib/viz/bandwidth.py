@@ -107,7 +107,7 @@ def plot_piecewise_fit(sizes, seconds, line: tuple[float, float], pieces: list[d
     _size_axis(left)
     left.set_ylabel("time per call (us)")
     left.set_title(title or "a + b S fitted to a published sweep", fontsize=9)
-    left.legend(fontsize=7, loc="upper left")
+    left.legend(fontsize=7, loc="lower right")      # the upper left holds the split label
     left.grid(alpha=0.3, which="both")
     right.axhspan(-100 * tol, 100 * tol, color="tab:green", alpha=0.1, label=f"within {tol:.0%}")
     right.semilogx(sizes, [100 * (a + b * s - t) / t for s, t in zip(sizes, seconds)], "o--", ms=3, color="grey",
