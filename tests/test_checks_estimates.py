@@ -103,6 +103,10 @@ def test_servers_and_bandwidths():
     estimates.check_all_gather_bandwidths(lambda: (algbw, algbw * 7 / 8))
     with pytest.raises(ExerciseFailed, match=r"does not use all_gather's factor"):
         estimates.check_all_gather_bandwidths(lambda: (algbw, algbw * 2 * 7 / 8))   # all_reduce's factor
+    from course_lib.bench.collectives import FACTORS
+
+    with pytest.raises(ExerciseFailed, match=r"FACTORS\.all_gather \(it holds the answer\) is switched off"):
+        estimates.check_all_gather_bandwidths(lambda: (algbw, algbw * FACTORS["all_gather"](8)))
 
 
 def _cpu_machines_closed_form(n, ratio):
@@ -184,14 +188,15 @@ def _sweep():
     return hw.load_table("bench_collectives_2core")
 
 
-def _lstsq(rows, weighted=True, p=None):
+def _lstsq(rows, weighted=True, p=None, dtype=None):
     """torch's least squares on the ring's equations; weighted: each divided by its own t (relative errors)."""
     import torch
 
+    dtype = dtype or torch.float64
     ring = _ring_rows(rows)
     p = p or ring[0]["ranks"]
-    t = torch.tensor([r["time_us"] * 1e-6 for r in ring], dtype=torch.float64)
-    a = torch.tensor([[2 * (p - 1), 2 * (p - 1) / p * r["size_bytes"]] for r in ring], dtype=torch.float64)
+    t = torch.tensor([r["time_us"] * 1e-6 for r in ring], dtype=dtype)
+    a = torch.tensor([[2 * (p - 1), 2 * (p - 1) / p * r["size_bytes"]] for r in ring], dtype=dtype)
     if weighted:
         a, t = a / t[:, None], torch.ones_like(t)
     x = torch.linalg.lstsq(a, t[:, None]).solution
@@ -257,6 +262,14 @@ def test_course_ring_fit_refuses_wrong_methods_and_results():
                                         rows)
     with pytest.raises(ExerciseFailed, match=r"not \(alpha, beta\)"):
         estimates.check_course_ring_fit(lambda rs: (True, 1e-9), rows)
+
+
+def test_course_ring_fit_names_float32_when_alpha_is_dropped():
+    """torch's default float32 lstsq cuts the alpha column (about 1e-9 of S's) as rank-deficient; the failure says so."""
+    import torch
+
+    with pytest.raises(ExerciseFailed, match=r"is about zero: was the least squares solved in float32"):
+        estimates.check_course_ring_fit(lambda rs: _lstsq(rs, dtype=torch.float32), _sweep())
 
 
 def test_failure_rates():

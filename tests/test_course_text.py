@@ -90,3 +90,27 @@ def test_library_data_and_docs_say_nothing_about_how_the_course_was_made():
                  enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1))
         found += [f"{p.relative_to(ROOT)}: {h}" for h in hits(lines)]
     assert not found, "text that does not belong in course material:\n" + "\n".join(found)
+
+
+# One sitting per notebook: the prose a learner reads before the closing "Going deeper" (the course's design rule
+# is about 3,000 words; 3,050 leaves room for a figure caption, not for another topic).
+SITTING_WORDS = 3050
+
+
+def _words_before_going_deeper(path: Path) -> int:
+    words = 0
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = "".join(cell["source"])
+        cut = text.find("## Going deeper")
+        words += len((text if cut < 0 else text[:cut]).split())
+        if cut >= 0:
+            break
+    return words
+
+
+def test_every_notebook_is_one_sitting():
+    long = {p.name: n for p in sorted((ROOT / "notebooks").glob("*.ipynb"))
+            if (n := _words_before_going_deeper(p)) > SITTING_WORDS}
+    assert not long, f"more than {SITTING_WORDS} words before 'Going deeper': {long}; move detail to Going deeper"

@@ -98,16 +98,14 @@ def plot_piecewise_fit(sizes, seconds, line: tuple[float, float], pieces: list[d
         rate = "b S" if k in no_rate else f"S / {1 / pc['beta'] / 1e9:.0f} GB/s"
         left.loglog(xs, [(pc["alpha"] + pc["beta"] * s) * 1e6 for s in xs], "-", lw=2, color=f"C{k}",
                     label=f"{name}: {pc['alpha'] * 1e6:.0f} us + {rate}")
-    for pc in pieces[1:]:
-        for ax in (left, right):
-            ax.axvline(pc["lo"], color="k", lw=0.8, ls=":")
-        if split:
-            left.annotate(split, (pc["lo"], 0.97), xycoords=("data", "axes fraction"), fontsize=7, ha="right",
-                          va="top", rotation=90)
+    for k, pc in enumerate(pieces[1:]):
+        for ax in (left, right):    # the split named once, in the legend, where no curve can hide it
+            ax.axvline(pc["lo"], color="k", lw=0.8, ls=":", label=f"split: {split}" if split and k == 0 and ax is left
+                       else None)
     _size_axis(left)
     left.set_ylabel("time per call (us)")
     left.set_title(title or "a + b S fitted to a published sweep", fontsize=9)
-    left.legend(fontsize=7, loc="lower right")      # the upper left holds the split label
+    left.legend(fontsize=7, loc="upper left")
     left.grid(alpha=0.3, which="both")
     right.axhspan(-100 * tol, 100 * tol, color="tab:green", alpha=0.1, label=f"within {tol:.0%}")
     right.semilogx(sizes, [100 * (a + b * s - t) / t for s, t in zip(sizes, seconds)], "o--", ms=3, color="grey",
