@@ -265,7 +265,7 @@ def test_course_ring_fit_refuses_wrong_methods_and_results():
 
 
 def test_course_ring_fit_names_float32_when_alpha_is_dropped():
-    """torch's default float32 lstsq cuts the alpha column (about 1e-9 of S's) as rank-deficient; the failure says so."""
+    """Float32 lstsq cuts the alpha column (about 1e-9 of S's) as rank-deficient; the failure says so."""
     import torch
 
     with pytest.raises(ExerciseFailed, match=r"is about zero: was the least squares solved in float32"):

@@ -16,59 +16,15 @@ import os
 
 from .nccl_host import FACTORIES, factory, host_class, made_any
 from .nccl_order import Order, Unit, Waited, learner_line
+from .nccl_rulebook import BAD_OPS, NCCL_DTYPES, NcclRuleBroken, broken
 
 ENV = "COURSE_NCCL_RULES"
 
-# rule -> (what NCCL does, its source, the fix)
-RULES = {
-    "p2p-order": ("a rank's unbatched sends, receives and collectives on one group run in the order it issued them, "
-                  "and ncclSend/ncclRecv block the GPU until their peer's matching call",
-                  "NCCL API docs, ncclSend/ncclRecv: 'If multiple ncclSend() and ncclRecv() operations need to "
-                  "progress concurrently to complete, they must be fused within a ncclGroupStart()/ncclGroupEnd()'; "
-                  "ProcessGroupNCCL::pointToPoint with device_id: 'unbatched P2P ops ... are serialized with all "
-                  "other ops on this ProcessGroup'",
-                  "post the step's sends and receives together with dist.batch_isend_irecv([...]), or order them "
-                  "so that no rank waits on a peer that waits on it (even ranks send first)"),
-    "first-batch": ("if batch_isend_irecv is the first call on a group, every rank of the group must make it",
-                    "torch 2.13 docstring of torch.distributed.batch_isend_irecv",
-                    "make the first call on the group one that every rank makes (a barrier, or the batch on all)"),
-    "reduce-op": ("ProcessGroupNCCL has no bitwise reductions: BAND, BOR and BXOR are refused",
-                  "ProcessGroupNCCL.cpp, getNcclReduceOp: 'Cannot use ReduceOp.BAND with NCCL' (gloo allows them "
-                  "on integers)",
-                  "use MAX/MIN on 0/1 tensors for and/or, or SUM and a parity for xor"),
-    "any-source": ("ProcessGroupNCCL cannot receive from any source",
-                   "ProcessGroupNCCL::recvAnysource: 'ProcessGroupNCCL does not support recvAnysource'",
-                   "name the sender: dist.recv(t, src=...)"),
-    "host-tensor": ("a group made for NCCL moves only tensors on the GPU; a CPU tensor is refused",
-                    "c10d ProcessGroup::getBackend: 'No backend type associated with device type cpu'; "
-                    "ProcessGroupNCCL's check_gpu_single_tensor: 'Tensors must be CUDA and dense'",
-                    "create it on the rank's device: torch.ones(4, device=device()) (course_lib.device), "
-                    "or move it with .to(device())"),
-    "dtype": ("ProcessGroupNCCL maps only some dtypes to NCCL types (no int16, no unsigned types wider than 8 bits)",
-              "NCCLUtils.hpp, the ncclDataType table: 'Input tensor data type is not supported for NCCL process "
-              "group'",
-              "send a supported dtype (float32, float16, bfloat16, float64, int8, uint8, int32, int64, bool)"),
-    "monitored-barrier": ("monitored_barrier exists only on gloo",
-                          "torch 2.13 docstring of monitored_barrier: 'only supported with the GLOO backend'",
-                          "use dist.barrier(), or a gloo group made for it: dist.new_group(backend='gloo')"),
-    "tags": ("NCCL ignores send/recv tags and matches a pair's messages in the order they were issued",
-             "ProcessGroupNCCL::send and ::recv take the tag as an unused argument",
-             "receive a peer's messages in the order it sent them, or tell them apart by content"),
-}
-
-_BAD_OPS = ("BAND", "BOR", "BXOR")
-# dtypes NCCLUtils.hpp's ncclDataType table maps (torch 2.13); anything else raises there
-_NCCL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool",
-                "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz")
 # gloo's reduce-scatter works report is_completed() only once waited for (measured on torch 2.13)
 _LAZY_ON_GLOO = ("reduce_scatter", "reduce_scatter_tensor")
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
                 "all_reduce_coalesced", "all_gather_coalesced")
-
-
-class NcclRuleBroken(RuntimeError):
-    """A call that NCCL would refuse or that would hang there; the message names the rule, its source and the fix."""
 
 
 class _State:
@@ -82,9 +38,7 @@ class _State:
 
 
 def _error(rule: str, detail: str) -> NcclRuleBroken:
-    what, source, fix = RULES[rule]
-    return NcclRuleBroken(f"NCCL rule '{rule}' on rank {_State.rank}: {detail}. On NCCL, {what} ({source}). "
-                          f"Fix: {fix}.")
+    return broken(rule, _State.rank, detail)
 
 
 def wanted(flag: bool | None, backend: str, chosen: str) -> bool:
@@ -112,7 +66,7 @@ def _check_tensors(name: str, tensors) -> None:
         if host is not None and isinstance(t, host):
             raise _error("host-tensor", f"dist.{name} got a tensor made on the CPU by {t._made_at}")
         dtype = str(t.dtype).replace("torch.", "")
-        if dtype not in _NCCL_DTYPES and not t.is_complex():  # torch sends complex tensors as pairs of reals
+        if dtype not in NCCL_DTYPES and not t.is_complex():  # torch sends complex tensors as pairs of reals
             raise _error("dtype", f"dist.{name} got a {dtype} tensor")
 
 
@@ -179,7 +133,7 @@ def _collective(name: str, orig):
         if _left_alone(a.get("group")):
             return orig(*args, **kwargs)
         op = a.get("op")
-        if op is not None and getattr(op, "name", str(op)).split(".")[-1] in _BAD_OPS:
+        if op is not None and getattr(op, "name", str(op)).split(".")[-1] in BAD_OPS:
             raise _error("reduce-op", f"dist.{name} was called with {op}")
         _check_tensors(name, _tensors_of(a))
         gname, members = _group_info(a.get("group"))
