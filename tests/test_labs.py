@@ -98,3 +98,24 @@ def test_diagnosis_demo_ends_in_time_with_its_message(demo, expected):
     r = tr.run("course_lib.labs.diagnose", [demo], timeout=60)
     assert r.returncode == 0 and not r.timed_out, _fail([r])
     assert re.search(expected, r.output), _fail([r])
+
+
+def test_a_worker_started_by_srun_reads_slurms_variables(monkeypatch):
+    """One srun task per GPU, no torchrun: RANK and the rest come from SLURM_PROCID, ...; torchrun's names win."""
+    from course_lib.labs.group import Env
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "node001")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    for k, v in dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_NODEID="1",
+                     SLURM_TASKS_PER_NODE="4(x2)").items():
+        monkeypatch.setenv(k, v)
+    env = Env.read()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.group_rank) == (5, 8, 1, 4, 1)
+    monkeypatch.setenv("RANK", "2")
+    assert Env.read().rank == 2
+    monkeypatch.delenv("SLURM_PROCID")
+    monkeypatch.delenv("RANK")
+    with pytest.raises(SystemExit, match="RANK, WORLD_SIZE not set"):
+        Env.read()

@@ -39,15 +39,27 @@ class Env:
 
     @classmethod
     def read(cls) -> Env:
-        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        env = {**_from_slurm(os.environ), **os.environ}          # torchrun's variables win where both are set
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
             raise SystemExit(f"{', '.join(missing)} not set: start the lab with torchrun, "
-                             "e.g. `torchrun --nproc-per-node=2 -m course_lib.labs.hello`")
-        g = os.environ.get
+                             "e.g. `torchrun --nproc-per-node=2 -m course_lib.labs.hello`, or with one srun task "
+                             "per GPU and MASTER_ADDR, MASTER_PORT exported (notebook 17, section 3)")
+        g = env.get
         return cls(rank=int(g("RANK")), local_rank=int(g("LOCAL_RANK", "0")), world_size=int(g("WORLD_SIZE")),
                    local_world_size=int(g("LOCAL_WORLD_SIZE", "1")), group_rank=int(g("GROUP_RANK", "0")),
                    master_addr=g("MASTER_ADDR"), master_port=int(g("MASTER_PORT")),
                    restart=int(g("TORCHELASTIC_RESTART_COUNT", "0")), host=socket.gethostname())
+
+
+def _from_slurm(environ) -> dict:
+    """torchrun's names for what srun tells each of its tasks (one task per GPU, no torchrun: Slurm's srun docs)."""
+    if "SLURM_PROCID" not in environ or "SLURM_NTASKS" not in environ:
+        return {}
+    per_node = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "1")
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
+            "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"), "GROUP_RANK": environ.get("SLURM_NODEID", "0"),
+            "LOCAL_WORLD_SIZE": per_node.split("(")[0].split(",")[0]}   # "4(x2)": 4 tasks on each of 2 nodes
 
 
 def choose(local_rank: int, local_world_size: int, backend: str = "auto") -> tuple[str, torch.device]:
