@@ -158,3 +158,31 @@ def test_plan_fits_against_the_cards_real_capacity_not_memory_gb_times_1e9():
     r = pp.plan(llama, pp.Layout(8, 16, 64, 1, 2048, zero=3, recompute="selective"), cl)
     assert gpu["memory_GB"] * 1e9 < r["memory"] <= hardware.memory_bytes(gpu)     # 82.9 GB: over 80e9, under 80 GiB
     assert r["fits"]
+
+
+def test_kept_bytes_counts_what_selective_checkpointing_keeps_and_nothing_freed():
+    """KeptBytes sees tensors the checkpoint stores itself; a freed temporary and excluded tensors do not count."""
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    from course_lib.measure.activations import KeptBytes
+
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+
+    def block(t):
+        return torch.relu(t @ w).sin()
+
+    def keep_mm(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    with KeptBytes() as kept:
+        y = checkpoint(block, x, use_reentrant=False,
+                       context_fn=functools.partial(create_selective_checkpoint_contexts, keep_mm))
+        tmp = torch.ones(100)
+        del tmp
+    assert kept.bytes(exclude=[y, w]) == 4 * 8 * 4          # the 4x8 product only: relu and sin are recomputed
+    y.sum().backward()
+    assert w.grad is not None and kept.bytes(exclude=[y, w, w.grad]) == 0    # released by backward

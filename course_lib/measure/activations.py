@@ -13,10 +13,13 @@ each ReLU its output) and a transformer layer, s·b·h·(34 + 5·a·s/h) bytes i
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 # grad_fn names through which a saved tensor may still be a parameter (a transpose, a view, autocast's cast)
 _PARAM_PATH = {"TBackward0", "ToCopyBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
@@ -186,3 +189,27 @@ def beyond_formula(s: int, b: int, h: int, a: int, dtype: torch.dtype, device="c
            "layernorm_stats": 2 * s * b * stats_per_row}
     out["total"] = out["masks"] + out["layernorm_stats"]
     return out
+
+
+class KeptBytes(TorchDispatchMode):
+    """`with KeptBytes() as k:` around a forward; `k.bytes(exclude)`: storages its ops made that are still alive
+    (what selective checkpointing keeps out of sight of saved-tensor hooks; notebook 14b)."""
+
+    def __init__(self):
+        super().__init__()
+        self._made: list[weakref.ref] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._made += [weakref.ref(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return out
+
+    def bytes(self, exclude=()) -> int:
+        """Distinct live storages, less those of `exclude` (the input, the output, the parameters and their views)."""
+        skip = {t.untyped_storage().data_ptr() for t in exclude}
+        live = {}
+        for ref in self._made:
+            t = ref()
+            if t is not None and t.untyped_storage().data_ptr() not in skip:
+                live[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(live.values())
