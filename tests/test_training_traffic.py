@@ -130,3 +130,39 @@ def test_links_and_projection_use_the_cost_model():
     assert projection.ps_step(4, m, lnk, k_servers=4) == pytest.approx(2 * m * lnk.beta + 5 * lnk.alpha)
     curves = projection.project([1, 2, 1024], m, lnk, compute_s=0.01)
     assert curves["ring"]["efficiency"][0] == 1 and curves["ps k=1 push then pull"]["efficiency"][-1] < 0.01
+
+
+def _piecewise_server(shard, workers, steps, lr, pieces=4):
+    """Notebook 10's pipelined server: piece i goes back to every worker while piece i + 1 still comes in."""
+    from course_lib.collectives import chunk_bounds
+    grads = [torch.empty_like(shard) for _ in workers]
+    for r in [dist.isend(shard, w) for w in workers]:
+        r.wait()
+    for _ in range(steps):
+        parts = chunk_bounds(shard.numel(), pieces)
+        pushes = [[dist.irecv(g[a:b], w) for g, w in zip(grads, workers)] for a, b in parts]
+        pulls = []
+        for (a, b), piece in zip(parts, pushes):
+            for r in piece:
+                r.wait()
+            shard[a:b] -= lr * torch.stack([g[a:b] for g in grads]).mean(0)
+            pulls += [dist.isend(shard[a:b], w) for w in workers]
+        for r in pulls:
+            r.wait()
+
+
+def test_pieces_bring_a_ps_step_to_the_pipelined_line_plus_the_first_piece():
+    """With P pieces the server's two sides overlap: a step is max(M/B, nM/B) + (1 + n) alpha (the pipelined line)
+    plus the first piece from every worker, n M/(P B), plus the (P - 1) n further messages' alpha; and the weights
+    are the built-in server's (the same mean, piece by piece: float32 sums in the same order, so 1e-6 covers it)."""
+    from course_lib.training.tolerance import max_diff
+    lnk, P, n = netem.link("100 MbE"), 4, 3
+    vals = run(ps_train, world_size=n + 1, kwargs=dict(steps=2, hidden=64, link=lnk, server=_piecewise_server,
+                                                      pieces=P), output="none", timeout=60).values
+    m = vals[0]["model_bytes"]
+    want = projection.ps_step(n, m, lnk, 1, 0.0, True) + n * m * lnk.beta / P + n * (P - 1) * lnk.alpha
+    assert max(v["step_s"][-1] for v in vals[1:]) == pytest.approx(want, rel=1e-3)
+    plain = run(ps_train, world_size=n + 1, kwargs=dict(steps=2, hidden=64), output="none", timeout=60).values
+    assert max(max_diff(a["params"], b["params"]) for a, b in zip(vals[1:], plain[1:])) <= 1e-6
+    with pytest.raises(Exception, match="pieces > 1 needs"):     # named in the RankFailed that run raises
+        run(ps_train, world_size=2, kwargs=dict(steps=1, pieces=2), output="none", timeout=30)

@@ -91,7 +91,17 @@ def _push_pull(g, flat, bounds, servers, bufs, versions):
         _pull(flat, bounds, servers, bufs, versions)
 
 
-def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n, data=None, compute_s=None):
+def _push_pull_pieces(g, flat, bounds, servers, pieces):
+    """The same step cut into `pieces` per server shard (BytePS's partitions, Jiang et al. OSDI'20): every push and
+    every pull posted at once, so a piece the server has already summed comes back while later ones still go out."""
+    with region("comm", "push and pull pieces"):
+        parts = [(s, lo + a, lo + b) for s, (lo, hi) in zip(servers, bounds) for a, b in chunk_bounds(hi - lo, pieces)]
+        pushes = [dist.isend(g[a:b], s) for s, a, b in parts]
+        _wait(pushes + [dist.irecv(flat[a:b], s) for s, a, b in parts])
+
+
+def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n, data=None, compute_s=None,
+            pieces=1):
     x, y = load_digits() if data is None else data
     dev = next(model.parameters()).device
     flat = flat_params(model)
@@ -115,7 +125,10 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
             g = flat_grads(model)
             if cost is not None:
                 netem.compute(cost)
-        _push_pull(g, flat, bounds, servers, bufs, versions)
+        if pieces > 1:
+            _push_pull_pieces(g, flat, bounds, servers, pieces)
+        else:
+            _push_pull(g, flat, bounds, servers, bufs, versions)
         set_flat_params(model, flat)
         meter.step()
         losses.append(loss.item())
@@ -173,7 +186,8 @@ def _colocated(model, bounds, steps, batch_size, lr, seed, meter, data, compute_
 
 def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
              seed: int = 0, mode: str = "sync", link=None, profile: bool = False,
-             compute_s: float | list[float] | None = None, server=None, colocated: bool = False) -> dict:
+             compute_s: float | list[float] | None = None, server=None, colocated: bool = False,
+             pieces: int = 1) -> dict:
     """Run on every rank (course_lib.run or torchrun): ranks < n_servers serve, the rest train.
 
     Returns this rank's role, final flat parameters (workers: the model; servers: their shard), per-step bytes
@@ -181,7 +195,9 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
     `link`: a netem link (or its name) that every message crosses, timed on its virtual clock; `compute_s`: a
     fixed emulated cost added to each worker's forward+backward (a list: one per worker); `profile`: record the
     timeline; `server(shard, workers, steps, lr)`: a server loop written in a notebook (08's async_server) in place
-    of the built-in one; `colocated`: every rank is a worker and the server of shard `rank` (n_servers unused).
+    of the built-in one; `colocated`: every rank is a worker and the server of shard `rank` (n_servers unused);
+    `pieces`: workers push and pull each server's shard in this many pieces, all posted at once, for a `server`
+    that sums piece by piece (notebook 10's pipelined server).
     """
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
@@ -189,6 +205,8 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
         raise ValueError("the colocated parameter server is synchronous, with its built-in server")
     if mode == "async" and dist.get_backend() != "gloo":
         raise ValueError("the asynchronous server receives from any source, which only gloo supports; use sync")
+    if pieces != 1 and (server is None or mode != "sync" or colocated):
+        raise ValueError("pieces > 1 needs a synchronous server written to sum piece by piece, passed as server=")
     rank, world = dist.get_rank(), dist.get_world_size()
     k = world if colocated else n_servers
     if not colocated and not 1 <= k < world:
@@ -215,7 +233,7 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
             out.update(role="server", params=shard)
         else:
             out = _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, rank - k, len(workers),
-                          data, compute_s)
+                          data, compute_s, pieces)
             out.update(role="worker", params=flat_params(model))
     out.update(traffic=meter.steps, timeline=tl.events, model_bytes=flat.numel() * flat.element_size())
     return out
