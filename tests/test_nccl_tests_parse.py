@@ -4,7 +4,9 @@ shortcuts: the run's own time, nGpus taken for the number of ranks, busbw withou
 
 import math
 
+import numpy as np
 import pytest
+import torch
 
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.nccl_tests import check_predicted_time
@@ -104,7 +106,9 @@ def _from_algbw_and_the_rank_lines(text, size, n):
 def test_a_right_prediction_passes_however_it_is_written(capsys):
     check_predicted_time(_from_busbw)
     check_predicted_time(_from_algbw_and_the_rank_lines)
-    assert capsys.readouterr().out.count("✓ Exercise 7.3 passed") == 2
+    check_predicted_time(lambda text, size, n: torch.tensor(_from_busbw(text, size, n)))    # a 0-d tensor
+    check_predicted_time(lambda text, size, n: np.float32(_from_busbw(text, size, n)))     # float32: 1e-7 rel.
+    assert capsys.readouterr().out.count("✓ Exercise 7.3 passed") == 4
 
 
 @pytest.mark.parametrize("wrong, why", [

@@ -37,6 +37,17 @@ def _expected_seconds(text: str, size: int, n: int) -> float:
     return size * 2 * (n - 1) / n / (row["busbw_GBps"] * nccl_tests.GB)
 
 
+def _seconds(got) -> float | None:
+    """got as a positive finite float when it is one number (Python, numpy, or a one-element tensor), else None."""
+    if isinstance(got, (bool, str, bytes)):
+        return None
+    try:
+        x = float(got)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
 def check_predicted_time(predict_all_reduce_time, exercise: str = "Exercise 7.3") -> None:
     """predict_all_reduce_time(text, size, n) -> seconds of one all_reduce of `size` bytes on n GPUs, from an
     all_reduce_perf output `text`, assuming busbw at that size carries over; within 1% on both outputs."""
@@ -50,9 +61,11 @@ def check_predicted_time(predict_all_reduce_time, exercise: str = "Exercise 7.3"
         for size, n in cases:
             got = call_learner(exercise, predict_all_reduce_time, text, size, n, hint=hint, library=_ANSWER,
                                why="predicting a time from an nccl-tests output")
-            if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got) or got <= 0:
+            seconds = _seconds(got)
+            if seconds is None:
                 raise ExerciseFailed(with_hint(f"{exercise}: on {what}, S = {size} bytes, n = {n}: return the time "
                                                f"in seconds as a positive number; you returned {got!r}.", hint))
+            got = seconds
             if not math.isclose(got, _expected_seconds(text, size, n), rel_tol=TOLERANCE):
                 same = (f" That run had {ran} ranks itself: for n = {ran} its table holds the answer."
                         if n == ran else "")
