@@ -137,7 +137,7 @@ ALLREDUCE = {
 
 def ps_vs_allreduce(n_workers: int, model_bytes: float, bandwidth: float, k_servers: int = 1,
                     pipelined: bool = True) -> dict:
-    """Per-iteration communication time of PS and ring all-reduce (BytePS, Jiang et al. OSDI'20, section 3.1).
+    """Per-iteration communication time of PS and ring all-reduce (BytePS, Jiang et al. OSDI'20, section 2).
 
     B = bytes/s one way per full-duplex NIC. all-reduce: 2 (n-1) M / (n B). A PS with k servers on machines of
     their own: each worker pushes M and pulls M; each server receives and sends n M / k, so the busiest NIC needs

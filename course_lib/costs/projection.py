@@ -1,6 +1,6 @@
 """Step time and scaling efficiency of synchronous PS and ring all-reduce from the cost model (notebook 10).
 
-The communication terms are course_lib.costs.alpha_beta's (BytePS, Jiang et al. OSDI'20, section 3.1; Patarasuk & Yuan
+The communication terms are course_lib.costs.alpha_beta's (BytePS, Jiang et al. OSDI'20, section 2; Patarasuk & Yuan
 2009). One PS model, with pipelining as a switch: push then pull (the server sends new weights only after the last
 gradient is in, as course_lib.training.ps does) costs both directions of the busiest NIC one after the other;
 pipelined (BytePS: tensors cut into pieces, a piece pulled while the next is pushed) costs one direction.
