@@ -48,7 +48,10 @@ def test_one_server_fans_out_over_rails():
         assert _neighbours(d, f"nic{g}") == {f"gpu{g}", f"leaf{g}"}
         assert _neighbours(d, f"leaf{g}") == {f"nic{g}"}
     assert sum(v["kind"] == "tor" for v in d["nodes"].values()) == 8
-    assert "general-purpose" in t.rack(4)["title"]        # the ToR picture is the general-purpose design
+    # the ToR pictures say which design they are, so they are not read as the rail-optimized one
+    assert "one ToR per rack" in t.rack(4)["title"] and "general-purpose" in t.rack(4)["title"]
+    assert "one ToR per rack" in t.cluster()["title"]
+    assert "rail" in t.server_rails()["title"] and "ToR" not in t.server_rails()["title"]
 
 
 def test_rack_and_cluster_wiring():

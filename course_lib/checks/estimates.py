@@ -1,5 +1,6 @@
-"""Checkers for the exercises that estimate a number from the course's tables and formulas (notebooks 01, 02, 07,
-16): the expected value is computed here from data/ and course_lib's formulas, never written in a check cell.
+"""Checkers for the exercises that estimate a number from the course's tables and formulas (notebooks 01, 07, 16;
+notebook 02's are in cluster.py): the expected value is computed here from data/ and course_lib's formulas, never
+written in a check cell.
 
 A wrong answer gets what was given and a hint at the method, not the number.
 """
@@ -40,7 +41,8 @@ def check_bloom_mfu(bloom_mfu, exercise: str = "Exercise 1.2") -> None:
     """The MFU BLOOM-176B averaged over its whole run: 6·N·D over its reported GPU-hours, as a fraction of its
     A100 80GB's bf16 peak (data/training_runs.csv, data/accelerators.csv)."""
     hint = ("How many FLOPs did the run need, how many GPU-seconds did it report, and what does one GPU do per second "
-            "at its peak? Is the 150 TFLOP/s the paper quotes an average over the whole run?")
+            "at its peak? Is the ~150 TFLOP/s the run reported an average over the whole run, and does it count only "
+            "6·N·D?")
     got = _number(exercise, call_learner(exercise, bloom_mfu, hint=hint), "the fraction")
     b = hw.row("training_runs", "BLOOM-176B")
     peak = hw.row("accelerators", b["gpu_type"])["bf16_dense_TFLOPS"] * 1e12
@@ -54,6 +56,8 @@ def check_bloom_mfu(bloom_mfu, exercise: str = "Exercise 1.2") -> None:
 # LLaMA's recipe: 4M tokens per step of 2048-token sequences (Touvron et al. 2023, table 2) = 2048 sequences.
 GLOBAL_BATCH = 2048
 MIN_RATIO = 0.85
+# hw.scaling(..., global_batch=...) splits the fixed batch over p GPUs for you: the very step exercise 1.3 asks for.
+_STRONG_SCALING = ("course_lib.costs.hardware.scaling",)
 
 
 def _at_fixed_batch(speed_setup, p: int) -> tuple[float, float]:
@@ -67,10 +71,14 @@ def _at_fixed_batch(speed_setup, p: int) -> tuple[float, float]:
 def check_gpus_at_fixed_batch(exercise_1_3, speed_setup, exercise: str = "Exercise 1.3") -> None:
     """Largest power-of-two number of GPUs p for LLaMA-7B over Ethernet 100 GbE, the global batch fixed at 2048
     sequences (2048 / p per GPU), whose speedup ratio stays at 0.85 or more, and the seconds one step then takes;
-    judged with the notebook's own speed_setup (the lesson's compute rate and link figures)."""
+    judged with the notebook's own speed_setup (the lesson's compute rate and link figures). hw.scaling is switched
+    off while the learner's function runs (it splits the global batch itself); speed_setup and hw.data_parallel_speed
+    stay allowed."""
     hint = ("With the global batch fixed, what happens to each GPU's share of the compute as p grows, and to the "
-            "all-reduce's time? Which of the two does the speedup ratio compare, and where does it fall below 0.85?")
-    got = call_learner(exercise, exercise_1_3, hint=hint)
+            "all-reduce's time? Which of the two does the speedup ratio compare, and where does it fall below 0.85? "
+            "speed_setup and hw.data_parallel_speed are allowed.")
+    got = call_learner(exercise, exercise_1_3, hint=hint, library=_STRONG_SCALING,
+                       why="splitting a fixed global batch over p GPUs (use speed_setup and hw.data_parallel_speed)")
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise ExerciseFailed(f"{exercise}: return two numbers, (GPUs, seconds per step); you returned {got!r}.")
     p, step = got
@@ -83,70 +91,13 @@ def check_gpus_at_fixed_batch(exercise_1_3, speed_setup, exercise: str = "Exerci
         raise ExerciseFailed(with_hint(f"{exercise}: {p} GPUs is not the largest power of two that keeps the speedup "
                                        "ratio at 0.85 or more with 2048 sequences per step.", hint))
     step = _number(exercise, step, "the seconds per step")
+    # 1%: rounding the inputs (a step read off a printed table), not a different formula; a step without its
+    # all-reduce is 11% short at 64 GPUs
     if not math.isclose(step, _at_fixed_batch(speed_setup, p)[1], rel_tol=0.01):
         raise ExerciseFailed(with_hint(f"{exercise}: {p} GPUs is right, but {step:.3g} s is not one step's compute "
                                        f"of {GLOBAL_BATCH // p} sequences plus its all-reduce.", hint))
     return passed(exercise, f"{p} GPUs, {GLOBAL_BATCH // p} sequences each, {step:.1f} s per step: the global batch is "
                             f"still {GLOBAL_BATCH} sequences")
-
-
-# ---------------------------------------------------------------- notebook 02
-def check_gradient_transfer(exercise_2_1, exercise: str = "Exercise 2.1") -> None:
-    """Seconds to send LLaMA-65B's fp16 gradients once over PCIe 4.0 x16 (data/links.csv)."""
-    hint = "How many bytes is one fp16 gradient per parameter, and how fast does the link move bytes in one direction?"
-    got = _number(exercise, call_learner(exercise, exercise_2_1, hint=hint), "seconds")
-    want = hw.transfer_time_s(2 * hw.row("training_runs", "LLaMA-65B")["params"], "PCIe 4.0 x16")
-    if not math.isclose(got, want, rel_tol=1e-3):
-        raise ExerciseFailed(with_hint(f"{exercise}: you said {got:.3g} s.", hint))
-    return passed(exercise, f"{got:.2f} s")
-
-
-TOR_CASES = ((4, 8, 8), (3, 4, 4), (2, 8, 16), (4, 8, 64), (6, 8, 12))   # (servers, GPUs each, ToR uplinks)
-
-
-def _tor_share(servers: int, gpus: int, uplinks: int) -> tuple[float, float]:
-    """(the ToR's oversubscription ratio, GB/s each way a GPU keeps when every GPU of the rack leaves it at once):
-    every NIC and uplink InfiniBand NDR; a GPU never gets more than its own NIC."""
-    nic = hw.row("links", "InfiniBand NDR")["GBps_one_direction"]
-    ratio = servers * gpus / uplinks
-    return ratio, nic / max(ratio, 1.0)
-
-
-def check_tor_share(tor_share, exercise: str = "Exercise 2.2") -> None:
-    """``tor_share(servers, gpus_per_server, uplinks)`` for racks whose GPUs' NDR NICs all cable into one ToR with
-    ``uplinks`` NDR links up: (oversubscription ratio, GB/s each way per GPU with every GPU leaving the rack)."""
-    hint = ("How many NICs plug into the ToR from below, and how many links leave it upwards? When every GPU sends "
-            "out of the rack at once, who shares the uplinks, and can a GPU ever send faster than its own NIC?")
-    for case in TOR_CASES:
-        got = call_learner(exercise, tor_share, *case, hint=hint)
-        want = _tor_share(*case)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2
-                and all(isinstance(g, (int, float)) and not isinstance(g, bool) for g in got)):
-            raise ExerciseFailed(f"{exercise}: return two numbers, (ratio, GB/s per GPU); you returned {got!r}.")
-        if not all(math.isclose(g, w, rel_tol=1e-3) for g, w in zip(got, want)):
-            servers, gpus, uplinks = case
-            raise ExerciseFailed(with_hint(f"{exercise}: with {servers} servers of {gpus} GPUs and {uplinks} "
-                                           f"uplinks you returned {tuple(got)}.", hint))
-    return passed(exercise, f"{len(TOR_CASES)} racks, from {min(_tor_share(*c)[0] for c in TOR_CASES):g}:1 to "
-                            f"{max(_tor_share(*c)[0] for c in TOR_CASES):g}:1")
-
-
-def _fewest_servers(n: int) -> int:
-    """Smallest k with alpha_beta's PS time <= ring all-reduce's (M and B cancel: both scale as M/B)."""
-    return next(k for k in range(1, n + 1)
-                if alpha_beta.ps_vs_allreduce(n, 1.0, 1.0, k)["ps_s"]
-                <= alpha_beta.ps_vs_allreduce(n, 1.0, 1.0, k)["allreduce_s"] * (1 + 1e-12))
-
-
-def check_servers_for_16(exercise_2_3, exercise: str = "Exercise 2.3") -> None:
-    """Fewest non-colocated parameter servers (BytePS) for 16 workers to be no slower than the ring."""
-    hint = ("How does the busiest link's traffic change as servers are added, and at which number of servers is it "
-            "no busier than a link of the ring?")
-    got = call_learner(exercise, exercise_2_3, hint=hint)
-    if got != _fewest_servers(16):
-        raise ExerciseFailed(with_hint(f"{exercise}: with k = {got!r} the PS is either still slower than the ring "
-                                       "or k is not the smallest that is not.", hint))
-    return passed(exercise, f"k = {got}")
 
 
 # ---------------------------------------------------------------- notebook 07
@@ -157,8 +108,10 @@ def check_all_gather_bandwidths(all_gather_bandwidths, exercise: str = "Exercise
             "all_gather's algbw into a bus bandwidth (its doc/PERFORMANCE.md)?")
     got = call_learner(exercise, all_gather_bandwidths, hint=hint, why="nccl-tests' bus bandwidth factors",
                        library=tuple(f"course_lib.bench.collectives.FACTORS.{op}" for op in FACTORS))
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+    pair = _two_numbers(got)
+    if pair is None:
         raise ExerciseFailed(f"{exercise}: return two numbers, (algbw, busbw); you returned {got!r}.")
+    got = pair
     algbw = (1 << 30) / 10e-3 / 1e9
     if not math.isclose(got[0], algbw, rel_tol=1e-4):
         raise ExerciseFailed(with_hint(f"{exercise}: your algbw {got[0]:.4g} GB/s is not S/t.", hint))
@@ -194,8 +147,12 @@ _FITS = tuple(f"course_lib.costs.alpha_beta.{name}" for name in ("fit_alpha_beta
 
 
 def _two_numbers(got):
-    """(x, y) as floats when got is a pair of numbers (Python or one-element tensors), else None."""
-    if not (isinstance(got, (tuple, list)) and len(got) == 2) or any(isinstance(g, bool) for g in got):
+    """(x, y) as floats when got is a pair of numbers (Python, numpy, a tuple of one-element tensors, or a tensor or
+    array of two elements such as lstsq's 2 x 1 solution), else None."""
+    if hasattr(got, "tolist") and not isinstance(got, (tuple, list)):
+        got = got.tolist()
+        got = [g[0] if isinstance(g, list) and len(g) == 1 else g for g in got] if isinstance(got, list) else got
+    if not (isinstance(got, (tuple, list)) and len(got) == 2) or any(isinstance(g, (bool, str)) for g in got):
         return None
     try:
         return tuple(float(g) for g in got)

@@ -1,5 +1,5 @@
-"""Cluster drawings generated from a topology description: a server, a rack, racks + spine, a server's NICs on rails,
-a rail-optimized fabric, parameter server vs all-reduce (no server).
+"""Cluster drawings generated from a topology description: a server, a rack behind one ToR, such racks + spines, a
+server's NICs on rails, a rail-optimized fabric, parameter server vs all-reduce (no server).
 
 Taught in notebooks/02_cluster_architecture.ipynb. A description is plain data:
 ``{"title", "nodes": {id: {"kind", "label", "xy", "w"?}}, "edges": [{"a", "b", "kind"}], "groups": [...],
@@ -49,10 +49,12 @@ def server_8gpu(nvlink_label: str = "NVLink via NVSwitch", pcie_label: str = "PC
                        "network": nic_label}}
 
 
-def rack(n_servers: int = 4, gpus_per_server: int = 8, link_label: str = "server NICs to ToR",
+def rack(n_servers: int = 4, gpus_per_server: int = 8, link_label: str = "every NIC of a server to the ToR",
          x0: float = 0.0, idx: int = 0) -> dict:
-    """A general-purpose rack: n servers, each wired to the rack's top-of-rack (ToR) switch. AI training fabrics are
-    usually rail-optimized instead (server_rails, rail_optimized): NIC i of every server to leaf i."""
+    """One ToR per rack, the general-purpose design: n servers, all of whose NICs go to the rack's top-of-rack (ToR)
+    switch (drawn as one line per server). Some AI clusters keep it (Llama 3's: 16 GPUs per ToR); NVIDIA's reference
+    designs for AI clusters are rail-optimized instead (server_rails, rail_optimized): NIC i of every server to
+    leaf i."""
     nodes, edges = {}, []
     tor = f"tor{idx}"
     nodes[tor] = _node("tor", f"ToR {idx}", x0 + (n_servers - 1) / 2, 1.3, 1.0)
@@ -60,14 +62,15 @@ def rack(n_servers: int = 4, gpus_per_server: int = 8, link_label: str = "server
         sid = f"r{idx}s{s}"
         nodes[sid] = _node("server", "server", x0 + s, 0, 0.85)
         edges.append({"a": sid, "b": tor, "kind": "network"})
-    title = f"a general-purpose rack: {n_servers} servers of {gpus_per_server} GPUs behind one top-of-rack switch"
+    title = (f"one ToR per rack (the general-purpose design): {n_servers} servers of {gpus_per_server} GPUs behind "
+             "one top-of-rack switch")
     return {"title": title, "nodes": nodes, "edges": edges,
             "groups": [{"label": f"rack {idx}", "members": list(nodes)}], "legend": {"network": link_label}}
 
 
 def cluster(n_racks: int = 3, servers_per_rack: int = 3, n_spines: int = 2, gpus_per_server: int = 8,
-            server_link_label: str = "server to ToR", uplink_label: str = "ToR to spine") -> dict:
-    """Racks joined by spine switches: every ToR has a link to every spine (leaf-spine)."""
+            server_link_label: str = "a server's NICs to its ToR", uplink_label: str = "ToR to spine") -> dict:
+    """One ToR per rack, racks joined by spine switches: every ToR has a link to every spine (leaf-spine)."""
     nodes, edges, groups = {}, [], []
     gap = servers_per_rack + 0.8
     for r in range(n_racks):
@@ -80,8 +83,8 @@ def cluster(n_racks: int = 3, servers_per_rack: int = 3, n_spines: int = 2, gpus
         x = width / 2 if n_spines == 1 else width * (0.2 + 0.6 * k / (n_spines - 1))
         nodes[f"spine{k}"] = _node("spine", f"spine {k}", x, 2.8, 1.0)
         edges += [{"a": f"tor{r}", "b": f"spine{k}", "kind": "uplink"} for r in range(n_racks)]
-    return {"title": f"a cluster: {n_racks} racks of {servers_per_rack} servers ({gpus_per_server} GPUs each) "
-                     f"joined by {n_spines} spine switches", "nodes": nodes,
+    return {"title": f"one ToR per rack, in a cluster: {n_racks} racks of {servers_per_rack} servers "
+                     f"({gpus_per_server} GPUs each), every ToR on each of {n_spines} spines", "nodes": nodes,
             "edges": edges, "groups": groups, "legend": {"network": server_link_label, "uplink": uplink_label}}
 
 
