@@ -43,8 +43,7 @@ def _learner_frames(tb: types.TracebackType | None) -> types.TracebackType | Non
 
 
 def learner_view(exc: BaseException) -> list[str]:
-    """What a notebook shows for an error out of a checker (IPython's ``_render_traceback_``): the learner's frames
-    and the message once."""
+    """What a notebook shows for a checker's error (IPython's ``_render_traceback_``): the learner's frames only."""
     from IPython import get_ipython
 
     shell = get_ipython()
@@ -99,8 +98,7 @@ class NotAttempted(NotImplementedError):
 
 
 def not_attempted(exercise: str, message: str = "") -> NotAttempted:
-    """The one-line error for an exercise whose stub still raises; the exercise id comes from the stub if it has
-    one (the check's ``exercise`` may carry a title)."""
+    """The one-line error for an exercise whose stub still raises (the id from the stub, else from ``exercise``)."""
     stub = _STUB.match(message)
     return NotAttempted(stub.group(1) if stub else exercise)
 
@@ -145,8 +143,7 @@ def passed(exercise: str, what: str) -> None:
 
 
 def explain(exercise: str, exc: RankFailed, what: str, hint: str) -> Exception:
-    """The exception a checker raises for a failed launch: the student copy's NotImplementedError stays itself,
-    a switched-off call says so, anything else names what was being checked."""
+    """The exception for a failed launch: not attempted, a switched-off call, a hang, a deadlock, or a failure."""
     f = exc.failure
     if f.etype in ("NotImplementedError", "NotAttempted"):     # a student copy: the exercise is not done yet
         return not_attempted(exercise, f.message)
@@ -162,8 +159,7 @@ def explain(exercise: str, exc: RankFailed, what: str, hint: str) -> Exception:
 
 
 def learner_rules(backend: str) -> bool | None:
-    """A learner's code is checked under the NCCL rules (notebook 04, section 6), so what passes here runs on
-    GPUs too; an exercise that chose gloo on purpose is left to gloo."""
+    """Learner code runs under the NCCL rules (notebook 04, section 6) unless its exercise chose gloo on purpose."""
     return True if backend != "gloo" else None
 
 

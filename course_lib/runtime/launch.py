@@ -74,7 +74,6 @@ class _Launch:
 
     def _tick(self, now: float) -> None:
         """Judge the ranks that ended, then move on one phase if its condition holds (the table in the docstring)."""
-        escalation = self._escalation
         for rp in self.ranks:
             rp.note_exit(self.server.exits, now)
             if rp.rank not in self._judged and rp.done(now, DRAIN_S):
@@ -90,13 +89,13 @@ class _Launch:
             self.unfinished_at_deadline = [rp.rank for rp in self.ranks if rp.exit is None]
             self._locate([rp for rp in self.ranks if rp.exit is None])
             self.phase = SIGTERM
-            escalation.terminate(time.monotonic())
+            self._escalation.terminate(time.monotonic())
         elif self.phase == GRACE and now >= self._grace_end:
             self.phase = SIGTERM
-            escalation.terminate(now)
+            self._escalation.terminate(now)
         elif self.phase in (SIGTERM, SIGKILL):
-            escalation.tick(now)
-            self.phase = DRAINED if escalation.phase == "gave up" else escalation.phase
+            self._escalation.tick(now)
+            self.phase = DRAINED if self._escalation.phase == "gave up" else self._escalation.phase
 
     def _pump(self) -> bool:
         """The server reports pids and exit codes."""
@@ -190,16 +189,10 @@ class _Launch:
             raise RankFailed(first, [f for f in self.failures if f is not first],
                              [r for r in self.running_at_failure if r != first.rank], hung)
         results = [rp.result() for rp in self.ranks]
-        return RunResult(
-            values=[r["value"] for r in results],
-            stdout=["".join(rp.text["out"]) for rp in self.ranks],
-            stderr=["".join(rp.text["err"]) for rp in self.ranks],
-            times=[r["times"] for r in results],
-            memory=[r.get("memory", {}) for r in results],
-            backend=self.plan.backend,
-            devices=self.plan.devices,
-            wall_s=self.wall,
-        )
+        return RunResult(values=[r["value"] for r in results], stdout=["".join(rp.text["out"]) for rp in self.ranks],
+                         stderr=["".join(rp.text["err"]) for rp in self.ranks], times=[r["times"] for r in results],
+                         memory=[r.get("memory", {}) for r in results], backend=self.plan.backend,
+                         devices=self.plan.devices, wall_s=self.wall)
 
 
 def _check_call(fn, args, kwargs) -> None:
@@ -294,8 +287,7 @@ def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output, r
                 launch.ranks.append(spawn(server, payload(
                     the_plan, rank, timeout=timeout, check_collectives=check_collectives,
                     store_file=os.path.join(rdzv, "store"), entry="course_lib.runtime.rank_main", fn=fn_bytes,
-                    init=init,
-                    nccl_rules=rules, stack_file=launch.stack_files[rank])))
+                    init=init, nccl_rules=rules, stack_file=launch.stack_files[rank])))
             launch.watch()
         finally:
             try:
