@@ -1,13 +1,24 @@
-"""Exercise 12.1's checker (the time of a ZeRO-3 forward with prefetch, against the forward real gloo ranks took on
-the emulated link): it refuses the library's own run and launching ranks (the shortcuts), a rule that is right only
-when every layer is the same (a wrong method with the right numbers on the notebook's equal layers), and wrong
-times; it accepts a closed form and an event-by-event simulation alike."""
+"""The checkers of notebook 12, tried as a learner would.
+
+Exercise 12.1 (the time of a ZeRO-3 forward with prefetch, against the forward real gloo ranks took on the emulated
+link): it refuses the library's own run and launching ranks (the shortcuts), a rule that is right only when every
+layer is the same (a wrong method with the right numbers on the notebook's equal layers), and wrong times; it
+accepts a closed form and an event-by-event simulation alike.
+
+Exercise 12.2 (ZeRO-1 on one flat buffer, trained in float64 against single-process Adam): it refuses the library's
+ZeRO step, a sum where the mean belongs (Adam's step hardly depends on the gradient's scale: it shows where ε is
+not negligible beside √v̂), a bias correction one step off, and float32 buffers (named as such, whether they turn
+the parameters to float32 or only travel); it accepts a flat buffer copied back parameter by parameter. (All-reduce
+refused, views into one buffer accepted and a full state kept aside refused: tests/test_checks_training.py.)
+"""
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
 
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.sharding import check_prefetch_forward_s
+from course_lib.checks.sharding import check_prefetch_forward_s, check_zero1_flat_step
 
 
 def closed_form(gather_s, compute_s):                 # layer i's compute runs beside layer i+1's all-gather
@@ -73,3 +84,55 @@ def test_wrong_times_are_refused_with_the_measured_one(wrong):
     with pytest.raises(ExerciseFailed, match=r"Exercise 12\.1: [23] ranks, layers of .* the forward with prefetch "
                                              r"took [0-9.]+ ms on the emulated link"):
         check_prefetch_forward_s(wrong)
+
+
+# ---------------------------------------------------------------------------------------------- Exercise 12.2
+def zero1_flat(params, m, v, t, lr, dtype=None, divide=True, t_shift=0, copy_back=False):
+    """ZeRO-1 on one flat buffer; the keyword arguments make the usual mistakes."""
+    from course_lib.training.adam import adam_step
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n, c = sum(q.numel() for q in params), m.numel()
+    flat = torch.zeros(p * c, dtype=dtype or m.dtype, device=m.device)
+    flat[:n] = torch.cat([q.grad.reshape(-1) for q in params])
+    g = flat.new_empty(c)
+    dist.reduce_scatter_single(g, flat)
+    if divide:
+        g /= p
+    flat[:n] = torch.cat([q.detach().reshape(-1) for q in params])
+    w = flat[rank * c:(rank + 1) * c].clone()
+    adam_step(w, g, m, v, t + t_shift, lr)
+    dist.all_gather_single(flat, w)
+    if copy_back:                                      # the parameters keep their dtype
+        with torch.no_grad():
+            for q, part in zip(params, flat[:n].split([q.numel() for q in params])):
+                q.copy_(part.view_as(q))
+    else:                                              # the parameters become views of the buffer
+        torch.nn.utils.vector_to_parameters(flat[:n], params)
+
+
+def zero1_copied_back(params, m, v, t, lr):            # right, written another way
+    zero1_flat(params, m, v, t, lr, copy_back=True)
+
+
+def zero1_by_the_library(params, m, v, t, lr):
+    from course_lib.training import zero
+
+    zero.zero1_step(params, {"m": [m], "v": [v]}, t, lr)
+
+
+def test_a_flat_buffer_copied_back_by_parameter_passes(capsys):
+    check_zero1_flat_step(zero1_copied_back)
+    assert "✓ Exercise 12.2 passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (zero1_by_the_library, r"training\.zero\.zero1_step \(it holds the answer\) is switched off"),
+    (lambda *a: zero1_flat(*a, divide=False), r"weights differ from single-process Adam by up to"),
+    (lambda *a: zero1_flat(*a, t_shift=1), r"weights differ from single-process Adam by up to"),
+    (lambda *a: zero1_flat(*a, dtype=torch.float32), r"after your step the parameters are torch\.float32"),
+    (lambda *a: zero1_flat(*a, dtype=torch.float32, copy_back=True), r"B: a float32 buffer\)"),
+], ids=["library", "sum-not-mean", "bias-correction-off-by-one", "float32-parameters", "float32-buffer"])
+def test_wrong_zero1_steps_are_refused(wrong, message):
+    with pytest.raises(ExerciseFailed, match=message):
+        check_zero1_flat_step(wrong)

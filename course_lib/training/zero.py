@@ -113,7 +113,7 @@ class GatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w_shard, b_shard = ctx.saved_tensors
-        # FSDP re-gathers a layer's parameters as one unit; only w is needed here (Exercise 12.3)
+        # the whole layer again, as FSDP re-gathers a unit (which of these backward needs: Exercise 12.3)
         w, b = gather(w_shard, ctx.rows), gather(b_shard, ctx.rows)
         _hold(w, b)
         grad_x = grad_out @ w if ctx.needs_input_grad[0] else None
