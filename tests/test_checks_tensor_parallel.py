@@ -1,6 +1,8 @@
-"""Exercise 13.3's checker (self-attention split by heads, Shoeybi et al. 2019, figure 3b): it passes correct solutions
-written two ways and refuses the built-in and library shortcuts, wrong methods that give the right numbers, and
-wrong results, each with a message that says which."""
+"""The checkers of exercises 13.1-13.3 (a linear layer split by columns and by rows; self-attention split by heads,
+Shoeybi et al. 2019, figure 3): they pass correct solutions written several ways and refuse the built-in and library
+shortcuts, wrong methods that give the right numbers (the whole layer on every rank, its NaNs masked away or inside
+a DTensor), and wrong results, each with a message that says which. (More 13.1-13.2 cases:
+test_training_tensor_parallel.py.)"""
 
 import pytest
 import torch
@@ -12,7 +14,11 @@ from course_lib.checks.tensor_parallel import (
     ATTENTION_ATOL,
     ATTENTION_CASES,
     ATTENTION_SHAPE,
+    _Audit,
     _poisoned_attention,
+    attention_flops,
+    check_column_parallel_forward,
+    check_row_parallel_linear,
     check_tp_attention,
 )
 from course_lib.training.tolerance import sum_atol
@@ -176,3 +182,106 @@ def test_the_tolerance_is_what_float64_reordering_allows_on_these_inputs():
             largest = max(t.max().item() for t in (qkv, scores, out))
         assert largest < 50
         assert 1e3 * sum_atol(terms=h, total=largest, dtype=torch.float64) < ATTENTION_ATOL
+
+
+def _mine(n):
+    """This rank's n / p consecutive features, as a mask."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[rank * n // p:(rank + 1) * n // p] = True
+    return keep
+
+
+def column_masked(x, linear):                # right numbers, wrong method: the whole layer, other rows zeroed
+    keep = _mine(linear.out_features)
+    y = x @ torch.where(keep[:, None], linear.weight, 0.0).T + torch.where(keep, linear.bias, 0.0)
+    return y[:, keep]
+
+
+def row_masked(x, linear):                   # the same for the row split: whole-size x and weight, zeros outside
+    keep = _mine(linear.in_features)
+    y = torch.where(keep, x, 0.0) @ torch.where(keep, linear.weight, 0.0).T
+    dist.all_reduce(y)
+    return y + linear.bias
+
+
+def attention_masked(x, attn):               # every head on every rank, the other ranks' weights zeroed
+    t = x.transpose(0, 1)
+    y = nn.functional.multi_head_attention_forward(
+        t, t, t, attn.embed_dim, attn.num_heads, attn.in_proj_weight.nan_to_num(), attn.in_proj_bias.nan_to_num(),
+        None, None, False, 0.0, attn.out_proj.weight.nan_to_num(), torch.zeros_like(attn.out_proj.bias),
+        training=False, need_weights=False)[0].transpose(0, 1).contiguous()
+    dist.all_reduce(y)
+    return y + attn.out_proj.bias
+
+
+def column_whole_inside_a_dtensor(x, linear):    # the whole product hidden in DTensor's dispatch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = init_device_mesh(x.device.type, (dist.get_world_size(),))
+    w = DTensor.from_local(linear.weight, mesh, [Replicate()])
+    y = (DTensor.from_local(x, mesh, [Replicate()]) @ w.T).to_local()
+    return y.chunk(dist.get_world_size(), dim=1)[dist.get_rank()] + linear.bias.chunk(dist.get_world_size())[
+        dist.get_rank()]
+
+
+def column_by_parallelize_module(x, linear):     # torch's ColwiseParallel, no collective (src_data_rank=None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh(x.device.type, (dist.get_world_size(),))
+    return parallelize_module(linear, mesh, ColwiseParallel(), src_data_rank=None)(x)
+
+
+def column_by_dtensor_slicing(x, linear):    # correct, written differently: Replicate -> Shard(0) slices locally
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = init_device_mesh(x.device.type, (dist.get_world_size(),))
+    w, b = (DTensor.from_local(t, mesh, [Replicate()]).redistribute(mesh, [Shard(0)]).to_local()
+            for t in (linear.weight, linear.bias))
+    return x @ w.T + b
+
+
+def row_into_a_fresh_buffer(x, linear):      # correct: torch.empty's memory may hold old NaNs, and is overwritten
+    rank, p = dist.get_rank(), dist.get_world_size()
+    s = slice(rank * linear.in_features // p, (rank + 1) * linear.in_features // p)
+    y = torch.empty(x.shape[0], linear.out_features, device=x.device)
+    torch.matmul(x[:, s], linear.weight[:, s].T, out=y)
+    dist.all_reduce(y)
+    return y + linear.bias
+
+
+def test_a_whole_size_product_is_refused_by_its_flops():
+    for checker, masked in ((check_column_parallel_forward, column_masked), (check_row_parallel_linear, row_masked),
+                            (check_tp_attention, attention_masked)):
+        with pytest.raises(ExerciseFailed, match=r"your matrix products ran [\d,]+ FLOPs, [\d.]+ times this rank's "
+                                                 r"share"):
+            checker(masked)
+
+
+def test_the_whole_layer_inside_a_dtensor_and_torchs_own_style_are_refused():
+    with pytest.raises(ExerciseFailed, match=r"mm produced NaN"):
+        check_column_parallel_forward(column_whole_inside_a_dtensor)
+    with pytest.raises(ExerciseFailed, match=r"dist\.parallelize_module is switched off"):
+        check_column_parallel_forward(column_by_parallelize_module)
+
+
+def test_dtensor_slicing_and_a_fresh_buffer_pass(capsys):
+    check_column_parallel_forward(column_by_dtensor_slicing)
+    check_row_parallel_linear(row_into_a_fresh_buffer)
+    out = capsys.readouterr().out
+    assert "Exercise 13.1 passed" in out and "Exercise 13.2 passed" in out
+
+
+def test_the_attention_flop_share_is_what_the_split_runs():
+    # one process, every head: the FLOPs torch's formulas count for q, k, v, the scores, the context and the output
+    # projection written with matrix products are attention_flops; each rank of the split runs 1/p of each
+    (b, t), h, heads = ATTENTION_SHAPE, 12, 6
+    x, w, wo = torch.randn(b, t, h), torch.randn(3 * h, h), torch.randn(h, h)
+    with _Audit() as audit:
+        q, k, v = (u.unflatten(-1, (heads, h // heads)).transpose(1, 2) for u in (x @ w.T).chunk(3, dim=-1))
+        ctx = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        ctx.transpose(1, 2).flatten(2) @ wo.T
+    assert audit.flops == attention_flops(b, t, h, heads)

@@ -2,11 +2,13 @@
 
 Each runs the learner's function on real ranks, every rank with a copy of the same nn.Linear (or, in 13.3,
 nn.MultiheadAttention) and input in which everything outside the rank's slice (weight rows or columns, bias
-entries, input columns, other ranks' attention heads) is NaN,
-and compares with the clean nn.Linear: computing the whole layer and keeping a slice reads the NaNs, and any
-operation that produces a NaN from them is reported. The course's own parallel layers are switched off while it
-runs, and so is every collective the split does not need (switch_off.py); the calls it makes are counted at the
-dispatcher (traffic.py).
+entries, input columns, other ranks' attention heads) is NaN, and compares with the clean layer: computing the
+whole layer and keeping a slice reads the NaNs, and any operation that produces a NaN from them is reported.
+Masking the NaNs away (torch.where, nan_to_num) and multiplying the whole layer anyway is caught by the FLOPs of
+the matrix products each rank runs, counted with torch's own formulas (torch/utils/flop_counter.py): a rank may
+run its 1/p share of the layer's, no more. The course's parallel layers and torch's parallelize_module are
+switched off while it runs, and so is every collective the split does not need (switch_off.py); the calls it
+makes are counted at the dispatcher (traffic.py).
 """
 
 from __future__ import annotations
@@ -25,22 +27,43 @@ TP_ANSWERS = tuple(f"course_lib.training.tensor_parallel.{f}" for f in (
     "ColumnParallelLinear.forward", "RowParallelLinear.forward", "TensorParallelMLP.forward", "copy_to_tp",
     "reduce_from_tp", "gather_from_tp", "ColumnParallelLinear.__init__", "RowParallelLinear.__init__", "_slice",
     "_ReduceFromTP.forward", "_ReduceFromTP.backward")) + tuple(
-    f"course_lib.training.sequence_parallel.{f}" for f in ("gather_linear", "gather_tokens", "scatter_tokens"))
+    f"course_lib.training.sequence_parallel.{f}" for f in ("gather_linear", "gather_matmul", "gather_tokens",
+                                                            "scatter_tokens")) + (
+    "torch.distributed.tensor.parallel.api.parallelize_module",)    # torch's ColwiseParallel / RowwiseParallel
 EVERY_OTHER = everything_but("all_reduce")
 
 
-class _NaNRead(TorchDispatchMode):
-    """Notes every operation (views aside) that returns a NaN: on a poisoned layer, a read outside the slice."""
+# Operators that make a tensor without reading any: torch.empty's memory may hold NaN from freed poisoned tensors
+_FRESH = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+class _Audit(TorchDispatchMode):
+    """Notes the first operation (views and fresh allocations aside) that returns a NaN, on a poisoned layer a read
+    outside the slice, and adds up the FLOPs of every matrix product (torch's flop_counter formulas). A DTensor
+    operation is handed back (NotImplemented), as torch's CommDebugMode does, so that its local operations on
+    plain tensors come through here and are checked too."""
 
     def __init__(self):
         super().__init__()
-        self.ops = []
+        self.ops, self.flops = [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not func.is_view and not self.ops:
-            outs = out if isinstance(out, list | tuple) else [out]
-            if any(isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isnan(t).any()) for t in outs):
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.distributed.tensor import DTensor
+        from torch.utils.flop_counter import flop_registry
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):     # no overload packet, not a product: run it
+            return func(*args, **kwargs)
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        out = func(*args, **kwargs)
+        outs = [t for t in (out if isinstance(out, list | tuple) else [out]) if isinstance(t, torch.Tensor)]
+        if any(t.is_meta or isinstance(t, FakeTensor) for t in outs):    # DTensor working out shapes: no numbers
+            return out
+        if func.overloadpacket in flop_registry:
+            self.flops += flop_registry[func.overloadpacket](*args, **kwargs, out_val=out)
+        if not func.is_view and not self.ops and func.overloadpacket.__name__ not in _FRESH:
+            if any(t.is_floating_point() and bool(torch.isnan(t).any()) for t in outs):
                 self.ops.append(str(func.overloadpacket.__name__))
         return out
 
@@ -76,11 +99,12 @@ def _case(exercise, learner, n_in, n_out, forbid, why, split):
         x = torch.randn(BATCH, n_in, device=device())
         want = linear(x)
         bad, bad_x = _poisoned(linear, x, dist.get_rank(), dist.get_world_size(), split)
-        with _NaNRead() as seen:
+        with _Audit() as seen:
             got, record = watched_call(exercise, learner, (bad_x, bad), forbid=forbid, why=why, library=TP_ANSWERS)
     got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
     return {"want": want.cpu(), "got": got, "calls": [(name, size) for name, size, *_ in record["collectives"]],
-            "rank": dist.get_rank(), "bias": linear.bias.detach().cpu(), "nan_from": seen.ops}
+            "rank": dist.get_rank(), "bias": linear.bias.detach().cpu(), "nan_from": seen.ops, "flops": seen.flops,
+            "share": 2 * BATCH * n_in * n_out // dist.get_world_size()}     # addmm: 2 FLOPs per multiply-add
 
 
 def _compare(exercise, world, vals, expect, hint, diagnose=None, atol=1e-5):
@@ -103,6 +127,12 @@ def _compare(exercise, world, vals, expect, hint, diagnose=None, atol=1e-5):
             extra = (diagnose(v, world) or "") if diagnose else ""
             raise ExerciseFailed(with_hint(f"{exercise}: {case}: wrong values, off by up to "
                                            f"{(got - want).abs().max().item():.3g}.{extra}", hint))
+        if v["flops"] > v["share"]:
+            raise ExerciseFailed(with_hint(
+                f"{exercise}: {case}: your matrix products ran {v['flops']:,} FLOPs, {v['flops'] / v['share']:.3g} "
+                f"times this rank's share of the layer ({v['share']:,}, the whole layer's / {world}): right numbers, "
+                f"but from a whole-size product (zeros in place of the other ranks' numbers?). A tensor-parallel "
+                f"rank multiplies only its slice.", hint))
         yield v["calls"]
 
 
@@ -118,8 +148,8 @@ def check_column_parallel_forward(column_parallel_forward, exercise: str = "Exer
         vals = launch_checked(exercise, _case, world, args=args, hint=hint, what=f"{world} ranks")
         for _ in _compare(exercise, world, vals, lambda y, r, p: y.chunk(p, dim=1)[r], hint):
             pass
-    return passed(exercise, "every rank's output columns equal nn.Linear's on 2 and 3 ranks, with every collective "
-                            "switched off")
+    return passed(exercise, "every rank's output columns equal nn.Linear's on 2 and 3 ranks, from its slice alone "
+                            "(1/p of the FLOPs), with every collective switched off")
 
 
 def _bias_counted(v, world):
@@ -145,7 +175,8 @@ def check_row_parallel_linear(row_parallel_linear, exercise: str = "Exercise 13.
                 raise ExerciseFailed(with_hint(f"{exercise}: {world} ranks: your function ran {calls} (op, bytes); "
                                                f"expected exactly one all_reduce of the {BATCH} x {n_out} float32 "
                                                f"partial sums, {want[0][1]} bytes.", hint))
-    return passed(exercise, "linear(x) on every rank for 2 and 3 ranks, with exactly one all_reduce")
+    return passed(exercise, "linear(x) on every rank for 2 and 3 ranks, from its slice alone (1/p of the FLOPs), with "
+                            "exactly one all_reduce")
 
 
 # (world size, heads, embedding h): 3 and 2 heads per rank of size 2, so the head size (2), a rank's width h/p (6, 4)
@@ -156,6 +187,12 @@ ATTENTION_SHAPE = (2, 5)
 # (tests/test_checks_tensor_parallel.py checks it), so one reordering moves it by at most 2·12·2^-53·50 ≈ 1.3e-13;
 # 1e-9 leaves room for the few sums each result passes through, and every wrong method misses by more than 1e-3
 ATTENTION_ATOL = 1e-9
+
+
+def attention_flops(batch: int, tokens: int, h: int, heads: int) -> int:
+    """FLOPs of the matrix products of nn.MultiheadAttention on batch x tokens x h (2 per multiply-add): the q, k, v
+    projections 3·h², the scores and the context tokens·h each, the output projection h², per token."""
+    return 2 * batch * tokens * (3 * h * h + 2 * tokens * h + h * h)
 
 
 def _poisoned_attention(attn, rank, world):
@@ -186,12 +223,13 @@ def _attention_case(exercise, learner, heads, h):
         x = torch.randn(*ATTENTION_SHAPE, h, dtype=torch.float64, device=device())
         want = attn(x, x, x, need_weights=False)[0]
         bad = _poisoned_attention(attn, dist.get_rank(), dist.get_world_size())
-        with _NaNRead() as seen:
+        with _Audit() as seen:
             got, record = watched_call(exercise, learner, (x.clone(), bad), forbid=EVERY_OTHER,
                                        why="one all-reduce after the heads' output projection", library=TP_ANSWERS)
     got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
     return {"want": want.cpu(), "got": got, "calls": [(name, size) for name, size, *_ in record["collectives"]],
-            "rank": dist.get_rank(), "bias": attn.out_proj.bias.detach().cpu(), "nan_from": seen.ops}
+            "rank": dist.get_rank(), "bias": attn.out_proj.bias.detach().cpu(), "nan_from": seen.ops,
+            "flops": seen.flops, "share": attention_flops(*ATTENTION_SHAPE, h, heads) // dist.get_world_size()}
 
 
 def check_tp_attention(tp_attention, exercise: str = "Exercise 13.3") -> None:
@@ -210,5 +248,5 @@ def check_tp_attention(tp_attention, exercise: str = "Exercise 13.3") -> None:
                     f"{exercise}: {world} ranks: your function ran {calls} (op, bytes); expected exactly one "
                     f"all_reduce of the {ATTENTION_SHAPE[0]} x {ATTENTION_SHAPE[1]} x {h} float64 partial sums of "
                     f"the output projection, {want[0][1]} bytes.", hint))
-    return passed(exercise, "attn(x, x, x) on every rank for 2 and 3 ranks, from this rank's heads only, with exactly "
-                            "one all_reduce")
+    return passed(exercise, "attn(x, x, x) on every rank for 2 and 3 ranks, from this rank's heads only (1/p of the "
+                            "FLOPs), with exactly one all_reduce")

@@ -91,6 +91,12 @@ def gather_linear(x_mine, weight, bias=None, group=None):
     return _GatherLinear.apply(x_mine, weight, bias, group)
 
 
+def gather_matmul(x_mine, A, group=None):
+    """The same in Megatron's notation, Y = X A with A this rank's in x out/p columns and no bias: all-gathered
+    tokens times A, only x_mine kept for backward (notebook 13, section 7)."""
+    return _GatherLinear.apply(x_mine, A.T, None, group)
+
+
 def gather_tokens(x_mine, group=None):
     """g: all-gather forward, reduce-scatter backward."""
     return GatherTokens.apply(x_mine, group)
