@@ -6,7 +6,7 @@ gamma = seconds per byte to reduce (add) locally, p = ranks, n = bytes of the wh
 Formulas: Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in MPICH",
 IJHPCA 19(1), 2005 (sections 4.4-4.6); Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
 workstations", JPDC 69(2), 2009 (ring); Jiang et al., "A Unified Architecture for Accelerating Distributed DNN
-Training in Heterogeneous GPU/CPU Clusters" (BytePS), OSDI 2020, section 3 (PS vs all-reduce).
+Training in Heterogeneous GPU/CPU Clusters" (BytePS), OSDI 2020, section 2 (PS vs all-reduce).
 Every function returns seconds; ``lg`` is log2 rounded up, the number of rounds a tree or doubling needs.
 """
 
