@@ -132,7 +132,10 @@ def test_all_gather_bandwidths_accepts_an_array_or_a_tensor_of_two(capsys):
     algbw = (1 << 30) / 10e-3 / 1e9
     estimates.check_all_gather_bandwidths(lambda: np.array([algbw, algbw * 7 / 8]))
     estimates.check_all_gather_bandwidths(lambda: torch.tensor([algbw, algbw * 7 / 8], dtype=torch.float64))
-    assert capsys.readouterr().out.count("✓ Exercise 7.1 passed") == 2
+    estimates.check_all_gather_bandwidths(lambda: (107.4, 94.0))          # rounded to one decimal, as printed
+    assert capsys.readouterr().out.count("✓ Exercise 7.1 passed") == 3
+    with pytest.raises(ExerciseFailed, match=r"is not S/t"):
+        estimates.check_all_gather_bandwidths(lambda: (100.0, 87.5))          # GiB for GB
     with pytest.raises(ExerciseFailed, match=r"return two numbers"):
         estimates.check_all_gather_bandwidths(lambda: np.array([algbw, algbw * 7 / 8, 0.0]))
 
