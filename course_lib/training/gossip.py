@@ -140,8 +140,8 @@ def averaged_sgd_atol(steps: int, lr: float, batch: int, width: int, terms: int,
 
 
 def rounds_to_consensus(w: torch.Tensor, eps: float) -> float:
-    """The fewest rounds t with rho^t <= eps: after them every rank's distance to the average is at most eps times
-    what it was (math.inf when rho >= 1: a disconnected or periodic graph never agrees)."""
+    """The fewest rounds t with rho^t <= eps: the consensus distance Xi is then at most eps times Xi_0, one rank's
+    distance at most eps sqrt(p) Xi_0 (math.inf when rho >= 1: a disconnected or periodic graph never agrees)."""
     r = rho(w)
     if r >= 1 - 1e-12:
         return math.inf

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 COLORS = {"ring": "C0", "torus": "C2", "exponential": "C1", "one-peer exponential": "C4", "complete": "C7"}
 
@@ -48,6 +48,8 @@ def dpsgd(runs: dict, title: str = "", levels: dict | None = None, since: int = 
             value, label = levels[topo]
             a.plot([since, len(r["consensus"]) - 1], [value, value], "--", color=c, lw=1, label=label)
         b.plot(r["losses"], color=c, label=topo, lw=1)
+    for ax in (a, b):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # steps are whole numbers
     a.set_xlabel("step")
     a.set_ylabel("Ξ² after the step's gossip round")
     a.set_title(title or "how far apart the replicas are after each step", fontsize=9)
