@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 
+from ..measure.c10d_ops import COLLECTIVES
 from ..runtime.launch import run
 from ..runtime.results import RankFailed, RankTimeout
 
@@ -246,15 +247,12 @@ def check_collective(
     traffic: Callable | None = None,
     in_place: bool = False,
 ) -> None:
-    """Compare ``learner(x)`` with ``reference(x)`` on real ranks for every case; print and return a pass line.
+    """Compare ``learner(x)`` with ``reference(x)`` on real ranks for every case (one launch per world size).
 
-    ``make_input(rank, world_size, size, dtype)`` builds each rank's input; both functions return what the rank
-    holds afterwards (a tensor or a list of tensors). ``forbid`` names collectives switched off while the learner
-    runs ('all', 'all_reduce', 'send_recv', ...: c10d_ops.COLLECTIVES), ``why`` completes "<exercise> is about
-    ...", ``library`` lists library functions (dotted paths) switched off. ``in_place``: the input tensor itself
-    must hold the result. ``traffic(case, records)`` gets every rank's traffic record (traffic.py) and returns a
-    message when the method is wrong. Raises ExerciseFailed on the first wrong case. One launch per world size.
-    """
+    ``make_input(rank, world_size, size, dtype)`` builds each rank's input; ``forbid``: collectives switched off
+    (c10d_ops.COLLECTIVES names, or 'all'); ``library``: dotted paths switched off; ``in_place``: the input itself
+    must hold the result; ``traffic(case, records)`` returns a message when the method is wrong. Raises
+    ExerciseFailed on the first wrong case."""
     world_sizes, sizes, dtypes = list(world_sizes), list(sizes), list(dtypes)
     count = 0
     for world in world_sizes:
@@ -291,8 +289,10 @@ def check_collective(
                 if wrong:
                     raise ExerciseFailed(with_hint(f"{exercise}: with {case}: {wrong}", hint))
             count += 1
-    named = {"all": "every collective", "send_recv": "send/recv"}
-    what_off = ", ".join(named.get(f, f) for f in ([forbid] if isinstance(forbid, str) else forbid))
+    forbid = [forbid] if isinstance(forbid, str) else list(forbid)
+    kept = [k for k in COLLECTIVES if k not in forbid]
+    what_off = (f"every collective but {', '.join(kept)}" if forbid and len(kept) <= 2 else ", ".join(
+        {"all": "every collective", "send_recv": "send/recv"}.get(f, f) for f in forbid))
     off = f" with {what_off} switched off" if forbid else ""
     method = ", and every rank's calls and messages were the method's" if traffic else ""
     return passed(exercise, f"{count} cases (world sizes {world_sizes}, sizes {sizes}, dtypes "

@@ -23,6 +23,8 @@ from .switch_off import _classes, _dispatch_mode_base
 def _reduce_op(args) -> str | None:
     """'SUM', 'MAX', 'AVG', ... for a collective that reduces."""
     for a in args:
+        if isinstance(a, str) and a.upper() in dist.ReduceOp.RedOpType.__members__:   # functional: all_reduce(x, "sum")
+            return a.upper()
         if isinstance(a, torch.ScriptObject) and "ReduceOp" in str(a._type()):
             value = a.op()
             try:

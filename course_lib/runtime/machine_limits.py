@@ -16,9 +16,9 @@ KERNEL_FDS_PER_RANK, KERNEL_FDS_BASE = 3, 64
 RANK_FDS_BASE = 16
 
 WINDOWS = (
-    "Native Windows cannot run the ranks: the launcher forks them from a server over a Unix socket, which Windows "
-    "lacks. Run the course on Linux or macOS, or on Windows inside WSL2 (wsl --install, then follow the README "
-    "in the Ubuntu shell)."
+    "Native Windows cannot run the ranks: the launcher starts them by fork() from a server process, and Windows "
+    "has no fork() (Python's os.fork is POSIX only). Run the course on Linux or macOS, or on Windows inside WSL2 "
+    "(wsl --install, then follow the README in the Ubuntu shell)."
 )
 
 
