@@ -201,6 +201,15 @@ def test_bench_ps_row_bytes_equal_the_formula():
     assert row["busiest_rank_sent_B"] == 4 * m        # the server sends every worker the model
 
 
+def test_a_straggler_sets_one_pace_on_the_one_peer_graph_too():
+    # the one-peer graph's schedule repeats every tau = 2 steps at 4 workers; a fast rank that hears from the
+    # straggler every other round alternates 50 and 10 ms steps, so a window of whole periods reads the straggler's
+    # 30 ms plus one message (0.27 ms on 10 GbE), as all-reduce does, where 7 steps read about 33 ms
+    (row,) = bench.compare(["gossip, one-peer exp."], loss_steps=0, configs=("straggler",))
+    assert row["time_steps"] == 10
+    assert 30.0 < row["step_ms_straggler"] < 30.5, row
+
+
 def test_projection_is_flat_for_gossip_and_local_sgd_and_grows_for_ps():
     slow = bench.link(bench.SLOW)
     shapes = [tuple(q.shape) for q in make_mlp().parameters()]

@@ -1,5 +1,5 @@
-"""The checkers of notebook 11 reject the mistakes their exercises are about, with a message that says which.
-(The worked notebook's check cells, run by nbval, show that they accept the right answers.)"""
+"""The checkers of notebooks 11 and 11b reject the mistakes their exercises are about, with a message that says which,
+and accept correct answers written otherwise than the worked notebooks' (whose check cells nbval runs)."""
 
 import math
 
@@ -8,8 +8,13 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.decentralized import check_diloco_outer_step, check_one_peer_gossip, check_rounds_to_consensus
-from course_lib.training import gossip
+from course_lib.checks.decentralized import (
+    check_diloco_outer_step,
+    check_one_peer_gossip,
+    check_outer_gain,
+    check_rounds_to_consensus,
+)
+from course_lib.training import gossip, local_sgd
 
 
 def _rounds(rho, eps):
@@ -108,8 +113,97 @@ def _two_messages(flat, anchor, momentum):
     flat.copy_(anchor)
 
 
-def test_diloco_outer_step_names_plain_momentum_and_counts_all_reduces():
-    with pytest.raises(ExerciseFailed, match="plain momentum"):
-        check_diloco_outer_step(_heavy_ball)
+def _summed(flat, anchor, momentum):
+    delta = anchor - flat
+    dist.all_reduce(delta)
+    momentum.mul_(0.9).add_(delta)
+    anchor.sub_(0.7 * (delta + 0.9 * momentum))
+    flat.copy_(anchor)
+
+
+def _flipped(flat, anchor, momentum):
+    delta = flat - anchor
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    momentum.mul_(0.9).add_(delta)
+    anchor.sub_(0.7 * (delta + 0.9 * momentum))
+    flat.copy_(anchor)
+
+
+def _fresh_optimizer(flat, anchor, momentum):        # torch's SGD, but its own buffer, empty at every call
+    mean = flat.clone()
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
+    w = torch.nn.Parameter(anchor)
+    w.grad = anchor - mean
+    torch.optim.SGD([w], lr=local_sgd.OUTER_LR, momentum=local_sgd.OUTER_MOMENTUM, nesterov=True).step()
+    flat.copy_(anchor)
+
+
+def _library(flat, anchor, momentum):
+    local_sgd.diloco_outer_step(flat, anchor, momentum, dist.all_reduce)
+
+
+def _torch_sgd(flat, anchor, momentum):
+    # torch's own optimizer on the anchor, its buffer the caller's: the pseudo-gradient as the gradient
+    mean = flat.clone()
+    dist.all_reduce(mean)                  # the mean of the models: anchor - mean is the mean pseudo-gradient
+    mean /= dist.get_world_size()
+    w = torch.nn.Parameter(anchor)         # shares anchor's storage: the step changes anchor in place
+    w.grad = anchor - mean
+    opt = torch.optim.SGD([w], lr=local_sgd.OUTER_LR, momentum=local_sgd.OUTER_MOMENTUM, nesterov=True)
+    opt.state[w]["momentum_buffer"] = momentum
+    opt.step()
+    flat.copy_(anchor)
+
+
+def _sutskever(flat, anchor, momentum):
+    # Nesterov as Sutskever et al. (ICML 2013) write it, v <- mu v - lr g, x <- x - mu v_old + (1 + mu) v: the same
+    # steps as torch's with v = -lr buf, so the weights agree although the buffer holds -lr times torch's
+    g = anchor - flat
+    dist.all_reduce(g)
+    g /= dist.get_world_size()
+    old = momentum.clone()
+    momentum.mul_(0.9).sub_(0.7 * g)
+    anchor.add_(-0.9 * old + 1.9 * momentum)
+    flat.copy_(anchor)
+
+
+def test_diloco_outer_step_refuses_the_library_extra_messages_and_the_usual_mistakes():
+    with pytest.raises(ExerciseFailed, match=r"local_sgd.diloco_outer_step \(it holds the answer\) is switched off"):
+        check_diloco_outer_step(_library)
     with pytest.raises(ExerciseFailed, match="exactly one all_reduce"):
         check_diloco_outer_step(_two_messages)
+    for wrong, named in ((_heavy_ball, "plain \\(heavy-ball\\) momentum"), (_summed, "summed, not averaged"),
+                         (_flipped, "sign flipped"), (_fresh_optimizer, "starts empty every round")):
+        with pytest.raises(ExerciseFailed, match=named) as err:
+            check_diloco_outer_step(wrong)
+        assert "mu * momentum" not in str(err.value)            # the message never writes the update out
+
+
+def test_diloco_outer_step_accepts_torch_sgd_and_sutskevers_form(capsys):
+    check_diloco_outer_step(_torch_sgd)
+    check_diloco_outer_step(_sutskever)
+    assert capsys.readouterr().out.count("passed") == 2
+
+
+def test_outer_gain_wants_the_derived_limit():
+    check_outer_gain(lambda lr, mu: lr * (1 + mu / (1 - mu)))     # torch's update at its fixed point, written out
+    check_outer_gain(lambda lr, mu: lr / (1 - mu))                 # the geometric series summed
+
+    def looped(lr, mu, rounds=10_000):                             # right to 1e-9 for every mu up to 0.99 ...
+        buf = step = 0.0
+        for _ in range(rounds):
+            buf = mu * buf + 1
+            step = lr * (1 + mu * buf)
+        return step
+
+    with pytest.raises(ExerciseFailed, match="too small. With this momentum a loop") as err:
+        check_outer_gain(looped)                                   # ... not for mu = 1 - 1e-6
+    assert "1e+06" not in str(err.value) and "1000000" not in str(err.value)
+    with pytest.raises(ExerciseFailed, match="the first round's step"):
+        check_outer_gain(lambda lr, mu: lr * (1 + mu))
+    with pytest.raises(ExerciseFailed, match="momentum term alone"):
+        check_outer_gain(lambda lr, mu: lr * mu / (1 - mu))
+    with pytest.raises(ExerciseFailed, match="not a number"):
+        check_outer_gain(lambda lr, mu: None)

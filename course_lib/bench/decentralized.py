@@ -3,13 +3,14 @@ emulated link, and one straggler (a worker 3x slower to compute).
 
     python -m course_lib.bench.decentralized --steps 192 --out data/decentralized_4workers.csv
 
-Every scheme trains the course's MLP on the digits with the same seeds and shards (training/): the synchronous PS
-(1 server + 4 workers), all-reduce data parallel (local SGD with H = 1, equal to it), gossip on two topologies, local
-SGD and DiLoCo with H = 16, PowerSGD rank 2 and top-k 1% with error feedback (and, for the loss only, PowerSGD rank
-1 and 4 and top-k 10%). All their messages are point-to-point (the course's ring for all-reduce), so netem times
-every one and traffic counts every byte. One launch per world size runs every scheme's configurations one after the
-other: the loss run (no link), then the fast link, the slow link and the straggler. The timings are read from
-netem's virtual clock with a fixed emulated compute per step, so they are the same on every machine.
+Every scheme trains the course's MLP on the digits with the same seeds and shards (training/): the synchronous PS (1
+server + 4 workers), all-reduce data parallel (local SGD with H = 1, equal to it), gossip on two topologies, local
+SGD and DiLoCo with H = 16, PowerSGD rank 2 and top-k 1% with error feedback (and, for the loss only, PowerSGD rank 1
+and 4, top-k 10%, and DiLoCo's control: local SGD with its AdamW inner steps). All their messages are point-to-point
+(the course's ring for all-reduce), so netem times every one and traffic counts every byte. One launch per world size
+runs every scheme's configurations one after the other: the loss run (no link), then the fast link, the slow link and
+the straggler. The timings are read from netem's virtual clock with a fixed emulated compute per step, so they are
+the same on every machine.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import math
 import statistics
 
 import torch
@@ -30,7 +32,7 @@ from ..measure.traffic import Meter, metered
 from ..training import ps
 from ..training.compression import compressed_train
 from ..training.data import DATA_DIR
-from ..training.gossip import dpsgd_train, evaluate
+from ..training.gossip import dpsgd_train, evaluate, tau
 from ..training.local_sgd import local_sgd_train
 from ..training.model import flat_params, make_mlp
 from ..training.straggler import Straggler
@@ -64,7 +66,7 @@ def _train(name: str, steps: int, link=None, straggler=None) -> dict:
     if s.kind == "ps":
         return _ps_train(**kw)
     if s.kind in ("allreduce", "local"):
-        return local_sgd_train(H=s.H, **kw)
+        return local_sgd_train(H=s.H, inner=s.inner or None, **kw)
     if s.kind == "diloco":
         return local_sgd_train(H=s.H, outer="nesterov", **kw)
     if s.kind == "gossip":
@@ -87,19 +89,32 @@ def _configs(loss_names, time_names, loss_steps: int, configs=CONFIGS) -> dict:
         out[name]["loss"] = _train(name, loss_steps)
     for name in time_names:
         for cfg in configs:
-            out[name][cfg] = _train(name, _time_steps(name), *runs[cfg])
+            out[name][cfg] = _train(name, _time_steps(name, dist.get_world_size()), *runs[cfg])
     return out
 
 
-def _skip(name: str) -> int:
-    """Steps left out of a timing as warm-up: the first, or for H-step schemes the whole first round."""
+def _period(name: str, world: int) -> int:
+    """Steps after which a scheme's schedule repeats: H for local SGD and DiLoCo, tau for the one-peer graph (its
+    peer changes every step), else 1."""
     s = SCHEMES[name]
-    return s.H if s.kind in ("local", "diloco") else 1
+    if s.kind in ("local", "diloco"):
+        return s.H
+    if s.kind == "gossip" and s.topology == "one-peer exponential":
+        return tau(world)
+    return 1
 
 
-def _time_steps(name: str) -> int:
-    """8 steps, or two rounds of H steps: every timing then includes whole rounds after the warm-up."""
-    return max(8, 2 * _skip(name))
+def _skip(name: str, world: int) -> int:
+    """Steps left out of a timing as warm-up: the first whole period."""
+    return _period(name, world)
+
+
+def _time_steps(name: str, world: int) -> int:
+    """The warm-up and then whole periods, at least 7 steps of them. A window that cuts a period would take a
+    rank's long steps without its short ones: with a straggler on the one-peer graph a rank's steps alternate
+    (it waits for the straggler's delay every other step), and 7 steps of a period of 2 read 33 ms for a 30 ms pace."""
+    p = _period(name, world)
+    return p + p * math.ceil(7 / p)
 
 
 def _per_step(v: dict, skip: int) -> float:
@@ -110,8 +125,9 @@ def _per_step(v: dict, skip: int) -> float:
 
 def _row(name: str, workers: int, launches: list) -> dict:
     """One row of the comparison from every launch's results for scheme `name` (each a list over ranks)."""
-    s, skip = SCHEMES[name], _skip(name)
+    s = SCHEMES[name]
     world = workers + (1 if s.kind == "ps" else 0)
+    skip = _skip(name, world)
     first = 1 if s.kind == "ps" else 0         # the PS server computes nothing: rows describe the workers
     row = {"scheme": name, "workers": workers}
     for res in (r for r in launches if "loss" in r[0]):
@@ -126,7 +142,7 @@ def _row(name: str, workers: int, launches: list) -> dict:
     timed = [r for r in launches if set(CONFIGS) & set(r[0])]
     if not timed:
         return row
-    row["time_steps"] = _time_steps(name)
+    row["time_steps"] = _time_steps(name, world)
     for cfg in ("fast", "slow"):    # a synchronous step lasts as long as its slowest worker's
         if cfg in timed[0][0]:
             row[f"step_ms_{cfg}"] = 1e3 * min(max(_per_step(v[cfg], skip) for v in r[first:]) for r in timed)

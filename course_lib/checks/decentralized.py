@@ -4,7 +4,8 @@
 mistakes; 11.2 runs the learner's one-peer gossip round on real ranks with every collective switched off and
 checks each round's result (against the mixing matrix, Ying et al. NeurIPS 2021) and its messages (one send, to the
 right peer); 11b.1 trains DiLoCo with the learner's outer step against a single-process DiLoCo and counts its
-all-reduces, naming the variant a wrong answer reproduces.
+all-reduces, naming the variant a wrong answer reproduces; 11b.2 compares the learner's settled gain of the outer
+Nesterov step with torch's update at its fixed point, with momenta so close to 1 that only a derived limit is right.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ def _variants(p: int):
     def mean(flats):
         return torch.stack(flats).sum(0) / p
 
-    def summed(flats, anchor, buf):
-        local_sgd.nesterov_(anchor, anchor - torch.stack(flats).sum(0), buf)
+    def summed(flats, anchor, buf):        # the sum of the p pseudo-gradients anchor - flat_i
+        local_sgd.nesterov_(anchor, p * anchor - torch.stack(flats).sum(0), buf)
         return anchor.clone()
 
     def flipped(flats, anchor, buf):
@@ -178,10 +179,16 @@ def _variants(p: int):
         anchor.sub_(lr * buf)
         return anchor.clone()
 
+    def fresh_buffer(flats, anchor, buf):  # e.g. a new torch.optim.SGD every call, its own buffer empty
+        local_sgd.nesterov_(anchor, anchor - mean(flats), torch.zeros_like(buf))
+        return anchor.clone()
+
     return {"the pseudo-gradients summed, not averaged (divide by the world size)": summed,
+            "a momentum buffer that starts empty every round: the caller's `momentum` must carry it across rounds":
+                fresh_buffer,
             "the pseudo-gradient's sign flipped (it is anchor - flat: the way the inner steps went, reversed)": flipped,
-            "plain momentum (anchor -= lr * momentum) instead of Nesterov's (anchor -= lr * (g + mu * momentum))":
-                heavy_ball,
+            "plain (heavy-ball) momentum, not Nesterov's: compare your update with the one torch.optim.SGD's "
+            "documentation gives for nesterov=True": heavy_ball,
             "the plain average of the models, i.e. local SGD (no outer optimizer)":
                 lambda flats, anchor, buf: mean(flats)}
 
@@ -221,3 +228,48 @@ def check_diloco_outer_step(diloco_outer_step,
                                            f"DiLoCo by up to {bad:.3g} (rounding alone allows {tol:.1g}).", hint))
     passed(exercise, "DiLoCo with your outer step equals single-process DiLoCo on 2 and 3 ranks (float64, within what "
                      "rounding allows), with one all-reduce of the pseudo-gradient per outer step.")
+
+
+# (lr, mu): DiLoCo's, none (the plain average), a few others, and a momentum so close to 1 that a loop over rounds
+# is nowhere near its limit after a million rounds ((1 - 1e-6)^(10^6) = 1/e)
+_GAIN_CASES = ((0.7, 0.9), (1.0, 0.0), (0.5, 0.5), (0.1, 0.99), (2.0, 0.25), (1.0, 1 - 1e-6))
+
+
+def _settled_gain(lr: float, mu: float) -> float:
+    """torch's Nesterov update (buf <- mu buf + g; step lr (g + mu buf)) for g = 1 every round, at its fixed point."""
+    buf = 1.0 / (1.0 - mu)          # buf = mu buf + 1
+    return lr * (1.0 + mu * buf)
+
+
+def check_outer_gain(outer_gain, exercise: str = "Exercise 11b.2 (the outer step's settled gain)") -> None:
+    """`outer_gain(lr, mu)` -> how many times the averaged pseudo-gradient the outer Nesterov step moves the anchor
+    per round once its momentum buffer has settled, if every round's pseudo-gradient were the same. Compared on six
+    (lr, mu), one with mu = 1 - 1e-6, where a loop over rounds is still far from its limit. Nothing is switched off:
+    there is no library function for it."""
+    hint = ("Feed torch's Nesterov update (torch.optim.SGD, nesterov=True) the same gradient every round. What does "
+            "the buffer tend to, and what step does the update then take?")
+    wrong = {"the first round's step, from an empty buffer: the buffer goes on growing after it":
+             lambda lr, mu: lr * (1 + mu),
+             "the step with no momentum at all": lambda lr, mu: lr,
+             "the momentum term alone: the update also adds the gradient itself": lambda lr, mu: lr * mu / (1 - mu)}
+    for lr, mu in _GAIN_CASES:
+        want = _settled_gain(lr, mu)
+        got = call_learner(exercise, outer_gain, lr, mu, hint=hint)
+        try:
+            got = float(got)
+        except (TypeError, ValueError):
+            raise ExerciseFailed(with_hint(f"{exercise}: outer_gain({lr}, {mu}) returned {got!r}, not a number.",
+                                           hint)) from None
+        # float64: any closed form rounds 1/(1 - mu) a few times (1 - mu itself is exact), relative 1e-15; 1e-9 is
+        # far above that and far below what an unsettled loop misses
+        if math.isclose(got, want, rel_tol=1e-9):
+            continue
+        for what, f in wrong.items():
+            if mu > 0 and math.isclose(got, f(lr, mu), rel_tol=1e-9):
+                raise ExerciseFailed(with_hint(f"{exercise}: for lr={lr}, mu={mu} your gain is {what}.", hint))
+        far = (" With this momentum a loop over rounds is far from settled even after a million rounds: the "
+               "settled value is a limit, derive it." if mu > 0.999 else "")
+        raise ExerciseFailed(with_hint(f"{exercise}: for lr={lr}, mu={mu} you said {got:.6g}, "
+                                       f"{'too small' if got < want else 'too large'}.{far}", hint))
+    passed(exercise, f"your settled gain agrees with torch's Nesterov update at its fixed point for {len(_GAIN_CASES)} "
+                     f"learning rates and momenta, up to mu = 1 - 1e-6.")

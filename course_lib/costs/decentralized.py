@@ -21,13 +21,15 @@ from . import alpha_beta, projection
 
 @dataclass(frozen=True)
 class Scheme:
-    """One way to train on p ranks: kind in ps, allreduce, gossip, local, diloco, powersgd, topk."""
+    """One way to train on p ranks: kind in ps, allreduce, gossip, local, diloco, powersgd, topk. `inner`: "adamw"
+    for local SGD with DiLoCo's AdamW inner steps (its control; the bytes are local SGD's)."""
 
     kind: str
     topology: str = ""
     H: int = 1
     r: int = 2
     k_fraction: float = 0.01
+    inner: str = ""
 
 
 SCHEMES = {
@@ -42,10 +44,12 @@ SCHEMES = {
     "PowerSGD, r=1": Scheme("powersgd", r=1),
     "PowerSGD, r=4": Scheme("powersgd", r=4),
     "top-k 10%": Scheme("topk", k_fraction=0.1),
+    "local AdamW, H=16": Scheme("local", H=16, inner="adamw"),
 }
 # in the cost model only (nothing here trains with it): NCCL's other all-reduce algorithm, a pipelined double tree
 MODEL_ONLY = {"all-reduce DP, tree": Scheme("allreduce", topology="tree")}
-# the side by side of notebook 11b (the last three only enter its compression figure)
+# the side by side of notebook 11b; the others are trained for their loss only: three more ranks and fractions for
+# its compression figure, and DiLoCo's control (the same AdamW inner steps, a plain average instead of the outer step)
 MAIN = tuple(SCHEMES)[:8]
 
 
