@@ -166,3 +166,21 @@ def test_pieces_bring_a_ps_step_to_the_pipelined_line_plus_the_first_piece():
     assert max(max_diff(a["params"], b["params"]) for a, b in zip(vals[1:], plain[1:])) <= 1e-6
     with pytest.raises(Exception, match="pieces > 1 needs"):     # named in the RankFailed that run raises
         run(ps_train, world_size=2, kwargs=dict(steps=1, pieces=2), output="none", timeout=30)
+
+
+def test_link_busy_shows_push_then_pull_taking_turns_and_pieces_overlapping():
+    """netem.link_busy: the server's two sides never overlap push then pull, and do with pieces (notebook 10)."""
+    from course_lib.training import make_mlp
+
+    def overlap(busy):
+        return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1, _ in busy["out"] for s2, e2, _ in busy["in"])
+
+    lnk, n = netem.link("100 MbE"), 3
+    plain = run(ps_train, world_size=n + 1, kwargs=dict(steps=1, hidden=64, link=lnk), output="none",
+                timeout=60).values[0]["link_busy"]
+    assert len(plain["out"]) == 2 * n and len(plain["in"]) == n and overlap(plain) == 0.0
+    m = 4 * sum(q.numel() for q in make_mlp(64).parameters())
+    assert all(e - s == pytest.approx(m / lnk.bandwidth, rel=1e-9) for s, e, _ in plain["in"])   # bytes only
+    pieces = run(ps_train, world_size=n + 1, kwargs=dict(steps=1, hidden=64, link=lnk, server=_piecewise_server,
+                                                         pieces=4), output="none", timeout=60).values[0]["link_busy"]
+    assert overlap(pieces) > 0.5 * sum(e - s for s, e, _ in pieces["in"])

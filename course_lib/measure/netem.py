@@ -65,6 +65,7 @@ def link(name: str) -> Link:
 # How long a rank waits in the store for a peer's record of a message before it names the peer and gives up.
 WAIT_S = 60.0
 _CLOCK: VirtualClock | None = None
+_LAST_BUSY: dict[str, list] = {"out": [], "in": []}
 _BLOCKS = [0]   # emulate() blocks entered by this rank: every rank enters the same ones, so keys never mix
 
 
@@ -83,6 +84,7 @@ class VirtualClock:
         self._count = {"sent": 0, "recv": 0}
         self._pair: dict[tuple[str, int], int] = {}
         self._memo: dict[tuple[str, int, int], float] = {}
+        self.busy: dict[str, list] = {"out": [], "in": []}    # (start, end, peer) of each message on each side
 
     def _key(self, *parts) -> str:
         return "/".join([self.prefix, *map(str, parts)])
@@ -146,6 +148,8 @@ class VirtualClock:
         def done():
             q = int(self._get(self._key("r", self.rank, dst, j), f"rank {dst} to post its receive").split()[1])
             self.now = max(self.now, self._chain("a", dst, q, self._arrive_step))
+            start = self._chain("s", self.rank, i, self._start_step)
+            self.busy["out"].append((start, start + self._wire(nbytes(tensor)), dst))
         return done
 
     def on_recv(self, tensor, src):
@@ -155,7 +159,9 @@ class VirtualClock:
 
         def done(sender):
             q = slot[0] if slot[0] is not None else self._ready(sender, posted)   # any-source: known only now
-            self.now = max(self.now, self._chain("a", self.rank, q, self._arrive_step))
+            arrived = self._chain("a", self.rank, q, self._arrive_step)
+            self.now = max(self.now, arrived)
+            self.busy["in"].append((arrived - nbytes(tensor) / self.link.bandwidth, arrived, sender))
         return done
 
     def _ready(self, src: int, posted: float) -> int:
@@ -185,6 +191,12 @@ def emulate(lnk: Link | str | None):
             yield lnk
     finally:
         _CLOCK = None
+        _LAST_BUSY.update(clock.busy)
+
+
+def link_busy() -> dict[str, list]:
+    """When this rank's NIC was busy in the last emulate() block: {"out": [(start, end, peer)], "in": [...]}."""
+    return {side: list(v) for side, v in _LAST_BUSY.items()}
 
 
 def virtual() -> bool:

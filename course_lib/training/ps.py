@@ -235,5 +235,6 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
             out = _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, rank - k, len(workers),
                           data, compute_s, pieces)
             out.update(role="worker", params=flat_params(model))
-    out.update(traffic=meter.steps, timeline=tl.events, model_bytes=flat.numel() * flat.element_size())
+    out.update(traffic=meter.steps, timeline=tl.events, model_bytes=flat.numel() * flat.element_size(),
+               link_busy=netem.link_busy() if link is not None else {})
     return out

@@ -38,3 +38,17 @@ def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=N
     ax.set_title(title, fontsize=10)
     ax.figure.tight_layout()
     return ax
+
+
+def plot_link(busy: dict, title: str = "", ax=None):
+    """One NIC's two directions as two lanes, each message a bar while it holds that side (netem.link_busy())."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 1.3), dpi=100)
+    for row, side in enumerate(("out", "in")):
+        ax.broken_barh([(s * 1e3, (e - s) * 1e3) for s, e, _ in busy[side]], (row + 0.15, 0.7),
+                       color=("#1f77b4", "#ff7f0e")[row], edgecolor="white", lw=0.5)   # white edges part messages
+    ax.set_yticks([0.5, 1.5])
+    ax.set_yticklabels(["sending", "receiving"])
+    ax.set_ylim(2, 0)
+    ax.set_title(title, fontsize=9)
+    return ax
