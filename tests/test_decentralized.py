@@ -235,6 +235,10 @@ def test_the_tree_all_reduce_pays_log_p_latency_and_twice_the_model():
     assert step_seconds(ring, 4, shapes, slow) < step_seconds(tree, 4, shapes, slow)
     assert step_seconds(tree, 1024, shapes, slow) < step_seconds(ring, 1024, shapes, slow)
     assert sent_per_step(tree, 8, shapes) == 2 * 4 * sum(math.prod(s) for s in shapes)
+    # PowerSGD's two small all-reduces on the tree: at 1024 workers under the ring's PowerSGD and the tree's DP
+    psgd_tree, psgd_ring = MODEL_ONLY["PowerSGD, r=2, tree"], SCHEMES["PowerSGD, r=2"]
+    assert step_seconds(psgd_tree, 1024, shapes, slow) < step_seconds(tree, 1024, shapes, slow)
+    assert step_seconds(psgd_tree, 1024, shapes, slow) < step_seconds(psgd_ring, 1024, shapes, slow) / 10
 
 
 def _adamw_local_against_diloco_with_a_plain_average():

@@ -190,6 +190,12 @@ def test_diloco_outer_step_accepts_torch_sgd_and_sutskevers_form(capsys):
 def test_outer_gain_wants_the_derived_limit():
     check_outer_gain(lambda lr, mu: lr * (1 + mu / (1 - mu)))     # torch's update at its fixed point, written out
     check_outer_gain(lambda lr, mu: lr / (1 - mu))                 # the geometric series summed
+    check_outer_gain(lambda lr, mu: torch.tensor(lr / (1 - mu)))   # handed back as a float32 tensor
+    with pytest.raises(ExerciseFailed, match="float32 number"):     # 1 - mu computed in float32 loses its digits
+        check_outer_gain(lambda lr, mu: lr / (1 - torch.tensor(mu)))
+    with pytest.raises(ExerciseFailed, match=r"_settled_gain \(it holds the answer\) is switched off"):
+        from course_lib.checks.decentralized import _settled_gain
+        check_outer_gain(_settled_gain)
 
     def looped(lr, mu, rounds=10_000):                             # right to 1e-9 for every mu up to 0.99 ...
         buf = step = 0.0

@@ -47,7 +47,8 @@ SCHEMES = {
     "local AdamW, H=16": Scheme("local", H=16, inner="adamw"),
 }
 # in the cost model only (nothing here trains with it): NCCL's other all-reduce algorithm, a pipelined double tree
-MODEL_ONLY = {"all-reduce DP, tree": Scheme("allreduce", topology="tree")}
+MODEL_ONLY = {"all-reduce DP, tree": Scheme("allreduce", topology="tree"),
+              "PowerSGD, r=2, tree": Scheme("powersgd", topology="tree", r=2)}
 # the side by side of notebook 11b; the others are trained for their loss only: three more ranks and fractions for
 # its compression figure, and DiLoCo's control (the same AdamW inner steps, a plain average instead of the outer step)
 MAIN = tuple(SCHEMES)[:8]
@@ -69,6 +70,8 @@ def sent_per_step(s: Scheme, p: int, shapes, rank: int = 0) -> float:
         return sum(len(out_neighbours(s.topology, p, rank, t)) for t in range(steps)) / steps * m
     if s.kind == "powersgd":
         a, b = powersgd_sizes(shapes, s.r)
+        if s.topology == "tree":
+            return 2 * 4 * (a + b) if p > 1 else 0.0
         return ring_sent_bytes(a, p, rank) + ring_sent_bytes(b, p, rank)
     if s.kind == "topk":
         return topk_sent_bytes(max(1, int(s.k_fraction * numel)), p)
@@ -92,6 +95,9 @@ def step_seconds(s: Scheme, n: int, shapes, link: Link, compute_s: float = 0.0) 
         return compute_s + d * (a + m * b)      # d sends one after another on the outgoing side
     if s.kind == "powersgd":
         first, second = powersgd_sizes(shapes, s.r)
+        if s.topology == "tree":           # its two small all-reduces on NCCL's tree: 2 lg p latencies each
+            return (compute_s + alpha_beta.double_tree_allreduce(n, 4 * first, a, b)
+                    + alpha_beta.double_tree_allreduce(n, 4 * second, a, b))
         return (compute_s + alpha_beta.ring_allreduce(n, 4 * first, a, b)
                 + alpha_beta.ring_allreduce(n, 4 * second, a, b))
     if s.kind == "topk":
