@@ -4,6 +4,7 @@ message, and a library function that holds the answer is refused while the learn
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,6 +100,8 @@ def test_gpus_at_a_fixed_global_batch():
     estimates.check_gpus_at_fixed_batch(by_doubling, _speed_setup)
     estimates.check_gpus_at_fixed_batch(by_hand, _speed_setup)
     estimates.check_gpus_at_fixed_batch(lambda: [64, step * 1.005], _speed_setup)
+    estimates.check_gpus_at_fixed_batch(lambda: (np.int64(64), np.float64(step)), _speed_setup)   # numpy's numbers
+    estimates.check_gpus_at_fixed_batch(lambda: (64.0, step), _speed_setup)                        # a whole float
     with pytest.raises(ExerciseFailed, match=r"costs\.hardware\.scaling \(it holds the answer\) is switched off") as e:
         estimates.check_gpus_at_fixed_batch(by_scaling, _speed_setup)
     assert "data_parallel_speed" in str(e.value) and f"{step:.1f}" not in str(e.value)
@@ -106,7 +109,7 @@ def test_gpus_at_a_fixed_global_batch():
         estimates.check_gpus_at_fixed_batch(weak, _speed_setup)
     for wrong, why in [((32, step), r"32 GPUs is not the largest"), ((128, step), r"128 GPUs is not the largest"),
                        ((256, step), r"256 GPUs is not the largest"), ((48, step), r"48 GPUs does not split"),
-                       ((64.0, step), r"64\.0 GPUs does not split"), ((64, step * 2), r"64 GPUs is right, but"),
+                       ((64.5, step), r"64\.5 GPUs does not split"), ((64, step * 2), r"64 GPUs is right, but"),
                        ((64, _speed_setup("LLaMA-7B", "Ethernet 100 GbE", 32)[0]), r"64 GPUs is right, but"),
                        (64, r"return two numbers")]:
         with pytest.raises(ExerciseFailed, match=why) as e:

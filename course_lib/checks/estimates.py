@@ -8,6 +8,7 @@ A wrong answer gets what was given and a hint at the method, not the number.
 from __future__ import annotations
 
 import math
+import numbers
 
 from ..bench.collectives import FACTORS
 from ..costs import alpha_beta
@@ -82,6 +83,8 @@ def check_gpus_at_fixed_batch(exercise_1_3, speed_setup, exercise: str = "Exerci
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise ExerciseFailed(f"{exercise}: return two numbers, (GPUs, seconds per step); you returned {got!r}.")
     p, step = got
+    if not isinstance(p, bool) and isinstance(p, numbers.Real) and float(p).is_integer():
+        p = int(p)                          # 64, np.int64(64) and 64.0 are all 64 GPUs
     power_of_two = isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= GLOBAL_BATCH and p & (p - 1) == 0
     if not power_of_two:
         raise ExerciseFailed(with_hint(f"{exercise}: {p!r} GPUs does not split 2048 sequences evenly; give a power of "
