@@ -29,7 +29,10 @@ TP_ANSWERS = tuple(f"course_lib.training.tensor_parallel.{f}" for f in (
     "_ReduceFromTP.forward", "_ReduceFromTP.backward")) + tuple(
     f"course_lib.training.sequence_parallel.{f}" for f in ("gather_linear", "gather_matmul", "gather_tokens",
                                                             "scatter_tokens")) + (
-    "torch.distributed.tensor.parallel.api.parallelize_module",)    # torch's ColwiseParallel / RowwiseParallel
+    "torch.distributed.tensor.parallel.api.parallelize_module",     # torch's ColwiseParallel / RowwiseParallel,
+    "torch.distributed.tensor.parallel.style.ColwiseParallel._apply",   # also reached without parallelize_module
+    "torch.distributed.tensor.parallel.style.RowwiseParallel._apply",
+    "torch.distributed.tensor._api.distribute_module")
 EVERY_OTHER = everything_but("all_reduce")
 
 

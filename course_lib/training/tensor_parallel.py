@@ -31,7 +31,7 @@ def check_divisible(features: int, p: int, what: str = "hidden size") -> int:
 
 
 class _CopyToTP(torch.autograd.Function):
-    """Megatron's f: identity forward, all-reduce of the input gradient backward (Shoeybi et al. 2019, eq. 3)."""
+    """Megatron's f: identity forward, all-reduce of the input gradient backward (Shoeybi et al. 2019, fig. 3)."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -48,7 +48,7 @@ class _CopyToTP(torch.autograd.Function):
 
 
 class _ReduceFromTP(torch.autograd.Function):
-    """Megatron's g: all-reduce forward, identity backward (the conjugate of f; Shoeybi et al. 2019, eq. 3)."""
+    """Megatron's g: all-reduce forward, identity backward (the conjugate of f; Shoeybi et al. 2019, fig. 3, Code 1)."""
 
     @staticmethod
     def forward(ctx, x, group):
