@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from course_lib.checks import cluster
 from course_lib.checks.core import ExerciseFailed
@@ -22,6 +23,7 @@ def test_gradient_transfer():
     assert math.isclose(seconds, 4.14, rel_tol=1e-3)               # 130.4 GB over 31.5 GB/s
     cluster.check_gradient_transfer(lambda: seconds)                                       # (d) the solution's way
     cluster.check_gradient_transfer(lambda: np.float64(2 * PARAMS / (16e9 * 16 / 8 * 128 / 130)))   # (d) from GT/s
+    cluster.check_gradient_transfer(lambda: torch.tensor(seconds))                        # (d) a 0-d tensor
     for shortcut, what in ((lambda: hw.transfer_time_s(2 * PARAMS, "PCIe 4.0 x16"), r"hardware\.transfer_time_s"),
                            (lambda: hw.gradient_transfer_table(PARAMS)[1]["seconds"],
                             r"hardware\.gradient_transfer_table"),

@@ -16,7 +16,13 @@ from ..costs import hardware as hw
 from .core import ExerciseFailed, call_learner, passed, with_hint
 
 
+def _plain(got):
+    """A 0-d tensor or numpy scalar as the Python number it holds; anything else unchanged."""
+    return got.item() if hasattr(got, "item") and getattr(got, "ndim", None) == 0 else got
+
+
 def _number(exercise, got, what):
+    got = _plain(got)
     if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
         raise ExerciseFailed(f"{exercise}: return {what} as a number; you returned {got!r}.")
     return got
@@ -68,6 +74,7 @@ def check_tor_share(tor_share, exercise: str = "Exercise 2.2") -> None:
         got = call_learner(exercise, tor_share, *case, hint=hint, library=("course_lib.checks.cluster._tor_share",),
                            why="a ToR's oversubscription")
         want = _tor_share(*case)
+        got = [_plain(g) for g in got] if isinstance(got, (tuple, list)) else got
         if not (isinstance(got, (tuple, list)) and len(got) == 2
                 and all(isinstance(g, (int, float)) and not isinstance(g, bool) for g in got)):
             raise ExerciseFailed(f"{exercise}: return two numbers, (ratio, GB/s per GPU); you returned {got!r}.")
@@ -101,8 +108,8 @@ def check_ps_servers_needed(ps_servers_needed, exercise: str = "Exercise 2.3") -
             "the parameters? The step lasts as long as the busiest NIC needs (push and pull overlap, as in section "
             "4); compare that with the ring's 2(n-1)/n M/B.")
     for n in WORKERS:
-        got = call_learner(exercise, ps_servers_needed, n, hint=hint, library=_PS_FORMULAS,
-                           why="the traffic on a parameter server's NIC")
+        got = _plain(call_learner(exercise, ps_servers_needed, n, hint=hint, library=_PS_FORMULAS,
+                                  why="the traffic on a parameter server's NIC"))
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not float(got).is_integer():
             raise ExerciseFailed(f"{exercise}: return a whole number of servers; for n = {n} you returned {got!r}.")
         if int(got) != _fewest_servers(n):

@@ -31,7 +31,7 @@ def server_8gpu(nvlink_label: str = "NVLink via NVSwitch", pcie_label: str = "PC
     a GPU pair and its two NICs on each PCIe switch; 4 switches on 2 CPUs."""
     nodes, edges = {}, []
     nodes["cpu0"], nodes["cpu1"] = _node("cpu", "CPU 0", 1.5, 3.55, 0.85), _node("cpu", "CPU 1", 5.5, 3.55, 0.85)
-    nodes["net"] = _node("tor", "to the network: one leaf switch per NIC (a rail)", 3.5, 5.1, 8.0)
+    nodes["net"] = _node("tor", "to the first switches (section 2)", 3.5, 5.1, 8.0)
     edges.append({"a": "cpu0", "b": "cpu1", "kind": "cpu_link"})
     for i in range(4):
         sw = f"sw{i}"
