@@ -118,9 +118,18 @@ def test_0_2_refuses_reduce_op_avg_however_reached(shortcut):
         check_all_mean(shortcut, worlds=(2,))
 
 
+def mean_by_rows(x):  # (b) a gather disguised as one SUM all-reduce: each rank fills its own row
+    rows = torch.zeros(dist.get_world_size(), *x.shape, dtype=x.dtype, device=x.device)
+    rows[dist.get_rank()] = x
+    dist.all_reduce(rows)
+    return rows.mean(0)
+
+
 def test_0_2_refuses_another_method_with_the_right_numbers():
     with pytest.raises(ExerciseFailed, match=r"\('all_gather', None\)"):
         check_all_mean(mean_from_everyone, worlds=(2,))
+    with pytest.raises(ExerciseFailed, match="which is a gather, not a mean of x"):
+        check_all_mean(mean_by_rows, worlds=(3,))
 
 
 @pytest.mark.parametrize("wrong", [mean_floor_divided, mean_by_one_too_many])
@@ -206,9 +215,28 @@ def test_0_3_switches_off_every_collective_but_all_reduce(shortcut, off):
         check_rank_of_max(shortcut, worlds=(2,))
 
 
+def owner_by_packed_gather(x):  # (b) the same gather in float16: few bytes, but world_size times x's elements
+    world, rank = dist.get_world_size(), dist.get_rank()
+    rows = torch.full((world, *x.shape), -1e4, dtype=torch.float16, device=x.device)
+    rows[rank] = x.half()
+    dist.all_reduce(rows, op=dist.ReduceOp.MAX)
+    return rows.argmax(0)
+
+
+def owner_by_one_key(x):  # (c) one call: value * world + (world - 1 - rank), right for whole numbers only
+    world, rank = dist.get_world_size(), dist.get_rank()
+    key = x.double() * world + (world - 1 - rank)
+    dist.all_reduce(key, op=dist.ReduceOp.MAX)
+    return (world - 1 - key.remainder(world)).round().long()
+
+
 def test_0_3_refuses_a_gather_built_from_all_reduce():
     with pytest.raises(ExerciseFailed, match="a gather, not what the exercise asks"):
         check_rank_of_max(owner_by_disguised_gather, worlds=(2,))
+    with pytest.raises(ExerciseFailed, match="more than x's"):
+        check_rank_of_max(owner_by_packed_gather, worlds=(3,))
+    with pytest.raises(ExerciseFailed, match="wrong result"):
+        check_rank_of_max(owner_by_one_key, worlds=(2,))
     with pytest.raises(ExerciseFailed, match="made 3 all_reduce calls with 3 ranks; the exercise allows 2"):
         check_rank_of_max(owner_by_one_call_per_rank, worlds=(3,))
 

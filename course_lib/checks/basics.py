@@ -22,10 +22,11 @@ def rank_values(rank: int, world_size: int, size: int, dtype: torch.dtype) -> to
 
 
 def tied_values(rank: int, world_size: int, size: int, dtype: torch.dtype) -> torch.Tensor:
-    """Four values only (-2 to 1), so several ranks often share the largest one and the tie rule decides: with 7
-    elements the owner is rank 0 for some elements and a later rank for others, and the smallest tied rank differs
-    from the largest one."""
-    return ((torch.arange(size) * (rank + 2) + rank) % 4 - 2).to(dtype)
+    """Four values only, so several ranks often share the largest one and the tie rule decides: with 7 elements the
+    owner is rank 0 for some elements and a later rank for others, and the smallest tied rank differs from the
+    largest one. Floats are fractional (-0.65 to 0.475), so a rule that holds only for whole numbers fails."""
+    v = (torch.arange(size) * (rank + 2) + rank) % 4 - 2
+    return (v * 0.375 + 0.1).to(dtype) if dtype.is_floating_point else v.to(dtype)
 
 
 def _torch_max(x):
@@ -62,7 +63,7 @@ def check_all_max(all_max, exercise: str = "Exercise 0.1", worlds=WORLDS) -> Non
 
 
 def _calls(rec) -> list:
-    return [(name, op) for name, _, _, op in rec["collectives"]]
+    return [(name, op) for name, _, _, op, *_ in rec["collectives"]]
 
 
 def _one_sum_all_reduce(case, records):
@@ -72,6 +73,9 @@ def _one_sum_all_reduce(case, records):
             # a route to all_reduce whose reduction the recorder cannot read (the functional one's string it can)
             return (f"rank {rec['rank']} reached all_reduce another way than dist.all_reduce, so the check cannot see "
                     "its reduction; call dist.all_reduce with a ReduceOp every backend has.")
+        if calls == [("all_reduce", "SUM")] and rec["collectives"][0][4] > case.size:
+            return (f"rank {rec['rank']} all-reduced {rec['collectives'][0][4]} elements, more than x's {case.size}: "
+                    "every rank then holds a copy of everyone's data, which is a gather, not a mean of x.")
         if calls != [("all_reduce", "SUM")]:
             return (f"rank {rec['rank']} ran {calls or 'no collective'} (collective, reduction); the exercise asks "
                     "for one all_reduce with a reduction every backend has (ReduceOp.AVG is documented for NCCL "
@@ -102,7 +106,11 @@ def _two_small_all_reduces(case, records):
         if len(calls) > MAX_CALLS:
             return (f"rank {rec['rank']} made {len(calls)} all_reduce calls with {case.world} ranks; the exercise "
                     f"allows {MAX_CALLS}, however many ranks there are.")
-        big = [nbytes for _, nbytes, _, _ in calls if nbytes > limit]
+        wide = [numel for *_, numel in calls if numel > case.size]
+        if wide:
+            return (f"rank {rec['rank']} all-reduced {wide[0]} elements, more than x's {case.size}: every rank then "
+                    "holds a copy of everyone's data, which is a gather, not what the exercise asks.")
+        big = [nbytes for _, nbytes, *_ in calls if nbytes > limit]
         if big:
             return (f"rank {rec['rank']} all-reduced {big[0]} bytes, more than x's {case.size} elements as int64 "
                     f"({limit} bytes): every rank then holds a copy of everyone's data, which is a gather, not "

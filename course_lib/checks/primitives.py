@@ -180,7 +180,7 @@ def _odd_group_used(case, records):
         # the other groups it lists), or new_group on its members only with use_local_synchronization=True
         if made[r] and odd not in made[r]:
             return f"rank {r} created groups of ranks {made[r]}, none of them the group of the odd ranks, {odd}."
-        calls = [(name, size) for name, _, size, _ in rec["collectives"]]
+        calls = [(name, size) for name, _, size, *_ in rec["collectives"]]
         want = [("all_reduce", len(odd))] if r in odd else []
         if calls != want:
             return (f"rank {r} ran {calls or 'no collective'} (collective, ranks in its group); "

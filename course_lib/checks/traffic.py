@@ -34,6 +34,11 @@ def _reduce_op(args) -> str | None:
     return None
 
 
+def _numel(t) -> int:
+    """Elements of a tensor, or of a list of tensors together."""
+    return t.numel() if isinstance(t, torch.Tensor) else sum(x.numel() for x in t if isinstance(x, torch.Tensor))
+
+
 def _global(group, peer):
     """A peer's rank in the world, from its rank in the group the message went through."""
     if group is None or peer is None or peer < 0:
@@ -59,7 +64,7 @@ class _Recorder:
         self.sends: list[list] = []        # [peer, bytes, receives completed before it was posted]
         self.recvs: list[list] = []        # [peer, bytes]
         self.completed: list[int] = []     # indices into recvs, in the order their wait() returned
-        self.collectives: list[list] = []  # [name, bytes, group size, reduce op or None]
+        self.collectives: list[list] = []  # [name, bytes, group size, reduce op or None, elements]
         self.groups: list = []             # the ranks of every dist.new_group this rank called (None: all)
         self._pending: dict[int, tuple] = {}   # id(Work) -> ("recv", index) or ("send", None)
         self._saved_wait = None
@@ -88,7 +93,7 @@ class _Recorder:
             size = group.size() if group is not None else dist.get_world_size()
             tensors = [a for a in args if isinstance(a, (torch.Tensor, list))]
             self.collectives.append([OP_TO_COLLECTIVE[key], max((nbytes(t) for t in tensors), default=0), size,
-                                     _reduce_op(args)])
+                                     _reduce_op(args), max((_numel(t) for t in tensors), default=0)])
         return out
 
     def _remember(self, out, what) -> None:
