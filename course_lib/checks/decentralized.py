@@ -227,7 +227,7 @@ def check_diloco_outer_step(diloco_outer_step,
             raise ExerciseFailed(with_hint(f"{exercise}: {p} ranks: rank {rank}'s weights differ from single-process "
                                            f"DiLoCo by up to {bad:.3g} (rounding alone allows {tol:.1g}).", hint))
     passed(exercise, "DiLoCo with your outer step equals single-process DiLoCo on 2 and 3 ranks (float64, within what "
-                     "rounding allows), with one all-reduce of the pseudo-gradient per outer step.")
+                     "rounding allows), with one all-reduce of the model's size per outer step.")
 
 
 # (lr, mu): DiLoCo's, none (the plain average), a few others, and a momentum so close to 1 that a loop over rounds

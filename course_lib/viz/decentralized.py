@@ -91,7 +91,7 @@ def compression(rows: list[dict], full_bytes: float, full_loss: float):
     ax.semilogx([full_bytes], [full_loss], "*", ms=12, color="black", label="all-reduce DP")
     for i, r in enumerate(rows):
         ax.semilogx(r["bytes"], r["loss"], "o", color=f"C{i}", label=r["name"])
-        ax.annotate(f"{full_bytes / r['bytes']:.0f}x less", (r["bytes"], r["loss"]), textcoords="offset points",
+        ax.annotate(f"{full_bytes / r['bytes']:.3g}x less", (r["bytes"], r["loss"]), textcoords="offset points",
                     xytext=(6, 3), fontsize=7)
     ax.set_xlim(min(r["bytes"] for r in rows) / 2, full_bytes * 3)
     ax.set_xlabel("bytes each worker sends per step (log)")
