@@ -423,3 +423,11 @@ def test_ring_exchange_wants_blocking_calls_in_an_order(capsys):
             check_ring_exchange(way, worlds=(3,))
     with pytest.raises(ExerciseFailed, match=r"wrong result"):
         check_ring_exchange(ring_wrong_way, worlds=(3,))
+
+
+def test_odd_group_refuses_the_checkers_own_reference():
+    from course_lib.checks.primitives import _torch_odd_all_reduce
+
+    with pytest.raises(ExerciseFailed, match=r"_torch_odd_all_reduce \(it holds the answer\) is switched off"):
+        check_odd_group_all_reduce(_torch_odd_all_reduce, worlds=(2,))
+

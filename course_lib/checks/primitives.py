@@ -196,6 +196,7 @@ def check_odd_group_all_reduce(odd_all_reduce, exercise: str = "Exercise 3.1", w
     return check_collective(
         exercise, partial(_call, odd_all_reduce), _torch_odd_all_reduce, _distinct, world_sizes=worlds,
         timeout=10, forbid="send_recv", why="process groups", traffic=_odd_group_used,
+        library=("course_lib.checks.primitives._torch_odd_all_reduce",),     # the checker's own answer
         hint=("Creating a process group is itself a collective of the whole world. Which ranks must call "
               "dist.new_group, and which ranks then take part in the all-reduce?"))
 
