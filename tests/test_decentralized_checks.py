@@ -3,6 +3,7 @@ and accept correct answers written otherwise than the worked notebooks' (whose c
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,7 +12,7 @@ from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.decentralized import (
     check_diloco_outer_step,
     check_one_peer_gossip,
-    check_outer_gain,
+    check_powersgd_crossover,
     check_rounds_to_consensus,
 )
 from course_lib.training import gossip, local_sgd
@@ -187,29 +188,38 @@ def test_diloco_outer_step_accepts_torch_sgd_and_sutskevers_form(capsys):
     assert capsys.readouterr().out.count("passed") == 2
 
 
-def test_outer_gain_wants_the_derived_limit():
-    check_outer_gain(lambda lr, mu: lr * (1 + mu / (1 - mu)))     # torch's update at its fixed point, written out
-    check_outer_gain(lambda lr, mu: lr / (1 - mu))                 # the geometric series summed
-    check_outer_gain(lambda lr, mu: torch.tensor(lr / (1 - mu)))   # handed back as a float32 tensor
-    with pytest.raises(ExerciseFailed, match="float32 number"):     # 1 - mu computed in float32 loses its digits
-        check_outer_gain(lambda lr, mu: lr / (1 - torch.tensor(mu)))
-    with pytest.raises(ExerciseFailed, match=r"_settled_gain \(it holds the answer\) is switched off"):
-        from course_lib.checks.decentralized import _settled_gain
-        check_outer_gain(_settled_gain)
+def _loses_from(alpha, bandwidth, m, c):
+    """(d) the condition solved: p alpha > 4 (m - c) / B."""
+    return max(2, math.floor(4 * (m - c) / (alpha * bandwidth)) + 1)
 
-    def looped(lr, mu, rounds=10_000):                             # right to 1e-9 for every mu up to 0.99 ...
-        buf = step = 0.0
-        for _ in range(rounds):
-            buf = mu * buf + 1
-            step = lr * (1 + mu * buf)
-        return step
 
-    with pytest.raises(ExerciseFailed, match="too small. With this momentum a loop") as err:
-        check_outer_gain(looped)                                   # ... not for mu = 1 - 1e-6
-    assert "1e+06" not in str(err.value) and "1000000" not in str(err.value)
-    with pytest.raises(ExerciseFailed, match="the first round's step"):
-        check_outer_gain(lambda lr, mu: lr * (1 + mu))
-    with pytest.raises(ExerciseFailed, match="momentum term alone"):
-        check_outer_gain(lambda lr, mu: lr * mu / (1 - mu))
-    with pytest.raises(ExerciseFailed, match="not a number"):
-        check_outer_gain(lambda lr, mu: None)
+def _loses_from_by_search(alpha, bandwidth, m, c):
+    """(d) another way: the learner's own ring formula, p increased until PowerSGD's two all-reduces are slower."""
+    def ring(p, numbers):
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * 4 * numbers / bandwidth
+    p = 2
+    while 2 * ring(p, c / 2) <= ring(p, m):
+        p += 1
+    return p
+
+
+def test_powersgd_crossover_wants_the_derived_condition(capsys):
+    check_powersgd_crossover(_loses_from)
+    check_powersgd_crossover(lambda a, b, m, c: np.int64(_loses_from(a, b, m, c)))
+    check_powersgd_crossover(_loses_from_by_search)
+    assert capsys.readouterr().out.count("passed") == 3
+    with pytest.raises(ExerciseFailed, match=r"alpha_beta\.ring_allreduce \(it holds the answer\) is switched off"):
+        from course_lib.costs import alpha_beta
+        check_powersgd_crossover(lambda a, b, m, c: next(
+            p for p in range(2, 10**6) if alpha_beta.ring_allreduce(p, 4 * c, a, 1 / b) * 2
+            > alpha_beta.ring_allreduce(p, 4 * m, a, 1 / b)))
+    with pytest.raises(ExerciseFailed, match="numbers where the formula wants bytes"):
+        check_powersgd_crossover(lambda a, b, m, c: max(2, math.floor((m - c) / (a * b)) + 1))
+    with pytest.raises(ExerciseFailed, match="PowerSGD still sends its own bytes"):
+        check_powersgd_crossover(lambda a, b, m, c: max(2, math.floor(4 * m / (a * b)) + 1))
+    with pytest.raises(ExerciseFailed, match="return a whole number of workers"):
+        check_powersgd_crossover(lambda a, b, m, c: 4 * (m - c) / (a * b))
+    with pytest.raises(ExerciseFailed, match="not slower yet") as e:
+        check_powersgd_crossover(lambda a, b, m, c: 2)                     # latency alone: PowerSGD always slower
+    assert "264" not in str(e.value)
+

@@ -11,6 +11,7 @@ Nesterov step with torch's update at its fixed point, with momenta so close to 1
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -230,54 +231,45 @@ def check_diloco_outer_step(diloco_outer_step,
                      "rounding allows), with one all-reduce of the model's size per outer step.")
 
 
-# (lr, mu): DiLoCo's, none (the plain average), a few others, and a momentum so close to 1 that a loop over rounds
-# is nowhere near its limit after a million rounds ((1 - 1e-6)^(10^6) = 1/e)
-_GAIN_CASES = ((0.7, 0.9), (1.0, 0.0), (0.5, 0.5), (0.1, 0.99), (2.0, 0.25), (1.0, 1 - 1e-6))
+# (alpha s, bandwidth B/s one way, model numbers, compressed numbers): the course's links with notebook 11b's MLP and
+# PowerSGD rank 2 (1566 + 1152 numbers), then other models; no case sits on an exact tie
+_CROSSOVER_CASES = ((100e-6, 12.5e6, 85_002, 2_718), (50e-6, 125e6, 85_002, 2_718), (10e-6, 1.25e9, 85_002, 2_718),
+                    (5e-6, 12.5e9, 25_600_000, 400_000), (1e-6, 50e9, 7_000_000, 90_000))
 
 
-def _settled_gain(lr: float, mu: float) -> float:
-    """torch's Nesterov update (buf <- mu buf + g; step lr (g + mu buf)) for g = 1 every round, at its fixed point."""
-    buf = 1.0 / (1.0 - mu)          # buf = mu buf + 1
-    return lr * (1.0 + mu * buf)
+def _crossover(alpha: float, bandwidth: float, model: int, compressed: int) -> int:
+    """Fewest p >= 2 with two ring all-reduces of P and Q (c numbers) slower than one of the model (m numbers):
+    4(p-1)a + 2(p-1)/p 4c/B > 2(p-1)a + 2(p-1)/p 4m/B, i.e. p a > 4(m - c)/B (alpha_beta.ring_allreduce, float32)."""
+    return max(2, math.floor(4 * (model - compressed) / (alpha * bandwidth)) + 1)
 
 
-_GAIN = ("course_lib.checks.decentralized._settled_gain",)     # the checker's own answer, off while the learner runs
+_CROSSOVER = ("course_lib.checks.decentralized._crossover", "course_lib.costs.alpha_beta.ring_allreduce",
+              "course_lib.costs.decentralized.step_seconds", "course_lib.costs.projection.ring_step")
 
 
-def check_outer_gain(outer_gain, exercise: str = "Exercise 11b.2 (the outer step's settled gain)") -> None:
-    """`outer_gain(lr, mu)` -> how many times the averaged pseudo-gradient the outer Nesterov step moves the anchor
-    per round once its momentum buffer has settled, if every round's pseudo-gradient were the same. Compared on six
-    (lr, mu), one with mu = 1 - 1e-6, where a loop of a fixed number of rounds is still far from its limit. Only the
-    checker's own answer is switched off: there is no library function for it."""
-    hint = ("Feed torch's Nesterov update (torch.optim.SGD, nesterov=True) the same gradient every round. What does "
-            "the buffer tend to, and what step does the update then take?")
-    wrong = {"the first round's step, from an empty buffer: the buffer goes on growing after it":
-             lambda lr, mu: lr * (1 + mu),
-             "the step with no momentum at all": lambda lr, mu: lr,
-             "the momentum term alone: the update also adds the gradient itself": lambda lr, mu: lr * mu / (1 - mu)}
-    for lr, mu in _GAIN_CASES:
-        want = _settled_gain(lr, mu)
-        got = call_learner(exercise, outer_gain, lr, mu, hint=hint, library=_GAIN)
-        single = "float32" in str(getattr(got, "dtype", ""))          # a float32 tensor or numpy number
-        try:
-            got = float(got)
-        except (TypeError, ValueError, RuntimeError):
-            raise ExerciseFailed(with_hint(f"{exercise}: outer_gain({lr}, {mu}) returned {got!r}, not a number.",
-                                           hint)) from None
-        # float64: any closed form rounds 1/(1 - mu) a few times (1 - mu itself is exact), relative 1e-15; 1e-9 is
-        # far above that and far below what an unsettled loop misses. float32 keeps 7 digits: 1e-6 where it can
-        if math.isclose(got, want, rel_tol=1e-6 if single else 1e-9):
+def check_powersgd_crossover(powersgd_loses_from, exercise: str = "Exercise 11b.2 (when compression loses)") -> None:
+    """`powersgd_loses_from(alpha, bandwidth, model_numbers, compressed_numbers)` -> the fewest workers p >= 2 at
+    which PowerSGD's two ring all-reduces (P, then Q) take longer than one ring all-reduce of the whole float32
+    model under the alpha-beta model; five links and models, the course's formulas switched off."""
+    hint = ("Write both times with notebook 06's ring formula, 2(p-1) alpha + 2(p-1)/p S/B, S in bytes: PowerSGD "
+            "pays it twice (P, then Q). Which terms grow with p, which shrink, and where do the two times cross?")
+    for alpha, bw, m, c in _CROSSOVER_CASES:
+        want = _crossover(alpha, bw, m, c)
+        got = call_learner(exercise, powersgd_loses_from, alpha, bw, m, c, hint=hint, library=_CROSSOVER,
+                           why="the alpha-beta cost of compression")
+        got = got.item() if hasattr(got, "item") and getattr(got, "ndim", None) == 0 else got
+        if isinstance(got, bool) or not isinstance(got, numbers.Real) or not float(got).is_integer():
+            raise ExerciseFailed(f"{exercise}: return a whole number of workers; you returned {got!r}.")
+        got = int(got)
+        if got == want:
             continue
-        if single:
-            raise ExerciseFailed(with_hint(f"{exercise}: for lr={lr}, mu={mu} your answer is a float32 number, and "
-                                           "float32 keeps about 7 digits: 1 - mu loses most of them when mu is near "
-                                           "1. Compute with Python floats (float64).", hint))
-        for what, f in wrong.items():
-            if mu > 0 and math.isclose(got, f(lr, mu), rel_tol=1e-9):
-                raise ExerciseFailed(with_hint(f"{exercise}: for lr={lr}, mu={mu} your gain is {what}.", hint))
-        far = (" With this momentum a loop over rounds is far from settled even after a million rounds: the "
-               "settled value is a limit, derive it." if mu > 0.999 else "")
-        raise ExerciseFailed(with_hint(f"{exercise}: for lr={lr}, mu={mu} you said {got:.6g}, "
-                                       f"{'too small' if got < want else 'too large'}.{far}", hint))
-    passed(exercise, f"your settled gain agrees with torch's Nesterov update at its fixed point for {len(_GAIN_CASES)} "
-                     f"learning rates and momenta, up to mu = 1 - 1e-6.")
+        why = ""
+        if got == max(2, math.floor((m - c) / (alpha * bw)) + 1):
+            why = " Are your sizes in numbers where the formula wants bytes?"
+        elif got == max(2, math.floor(4 * m / (alpha * bw)) + 1):
+            why = " PowerSGD still sends its own bytes: the saving is the model's minus P's and Q's."
+        where = "PowerSGD is slower already with fewer" if got > want else "there PowerSGD is not slower yet"
+        raise ExerciseFailed(with_hint(f"{exercise}: with alpha = {alpha:g} s, {bw:g} B/s, {m} numbers compressed to "
+                                       f"{c}, you said {got} workers: {where}.{why}", hint))
+    passed(exercise, f"your crossover is right on {len(_CROSSOVER_CASES)} links and models; on 100 Mb/s this "
+                     "notebook's PowerSGD loses to the plain ring from a few hundred workers on.")
