@@ -34,6 +34,7 @@ RING_ANSWERS = ("course_lib.measure.traffic.expected", "course_lib.costs.alpha_b
                 "course_lib.costs.alpha_beta.hierarchical_allreduce", "course_lib.costs.projection.ring_step",
                 "course_lib.costs.projection.project", "course_lib.costs.parallel_plan.ring_all_reduce_s",
                 "course_lib.costs.alpha_beta.tree_over_ring_ratio", "course_lib.training.overlap.link_for",
+                "course_lib.costs.alpha_beta.star_allreduce",
                 *(f"course_lib.bench.collectives.FACTORS.{op}" for op in ("all_reduce", "reduce_scatter",
                                                                        "all_gather", "alltoall")))
 
