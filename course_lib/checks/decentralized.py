@@ -4,8 +4,8 @@
 mistakes; 11.2 runs the learner's one-peer gossip round on real ranks with every collective switched off and
 checks each round's result (against the mixing matrix, Ying et al. NeurIPS 2021) and its messages (one send, to the
 right peer); 11b.1 trains DiLoCo with the learner's outer step against a single-process DiLoCo and counts its
-all-reduces, naming the variant a wrong answer reproduces; 11b.2 compares the learner's settled gain of the outer
-Nesterov step with torch's update at its fixed point, with momenta so close to 1 that only a derived limit is right.
+all-reduces, naming the variant a wrong answer reproduces; 11b.2 compares the learner's crossover (the workers from
+which PowerSGD's two ring all-reduces lose to one of the whole model) with the alpha-beta model's on five links.
 """
 
 from __future__ import annotations

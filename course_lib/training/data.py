@@ -29,19 +29,24 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     return t[:, :64] / 16.0, t[:, 64].long()   # new tensors on every call: a caller may change them freely
 
 
-def shard_indices(n_samples: int, worker: int, n_workers: int, seed: int = 0) -> torch.Tensor:
-    """This worker's slice of one fixed shuffle: equal, disjoint shards (the remainder n % workers is left out)."""
+def shard_indices(n_samples: int, worker: int, n_workers: int, seed: int = 0,
+                  labels: torch.Tensor | None = None) -> torch.Tensor:
+    """This worker's slice of one fixed shuffle: equal, disjoint shards (the remainder n % workers is left out).
+    With `labels`, the shuffle is sorted by label first, so each worker holds a few classes (non-IID shards)."""
     if not 0 <= worker < n_workers:
         raise ValueError(f"worker {worker} is not in 0..{n_workers - 1}")
     perm = torch.randperm(n_samples, generator=torch.Generator().manual_seed(seed))
+    if labels is not None:
+        perm = perm[torch.argsort(labels[perm], stable=True)]
     size = n_samples // n_workers
     return perm[worker * size:(worker + 1) * size]
 
 
 def worker_batch(x: torch.Tensor, y: torch.Tensor, worker: int, n_workers: int, batch_size: int, step: int,
-                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch worker `worker` trains on at `step`: consecutive samples of its shard, wrapping round at the end."""
-    idx = shard_indices(len(x), worker, n_workers, seed)
+                 seed: int = 0, by_label: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch worker `worker` trains on at `step`: consecutive samples of its shard, wrapping round at the end
+    (by_label: shards of a few classes each, notebook 11b)."""
+    idx = shard_indices(len(x), worker, n_workers, seed, y if by_label else None)
     pos = torch.arange(step * batch_size, (step + 1) * batch_size) % len(idx)
     return x[idx[pos]], y[idx[pos]]
 

@@ -69,7 +69,8 @@ def _all_reduce(name: str):
 def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float = 0.1, hidden: int = 256,
                     seed: int = 0, outer: str | None = None, inner_lr: float = INNER_LR, link=None,
                     all_reduce: str = "ring", straggler=None, eval_every: int = 0, outer_step=None,
-                    dtype: torch.dtype = torch.float32, inner: str | None = None, compute_s: float = 0.0) -> dict:
+                    dtype: torch.dtype = torch.float32, inner: str | None = None, compute_s: float = 0.0,
+                    by_label: bool = False) -> dict:
     """Run on every rank: local SGD (outer=None: H SGD steps, then average the models) or DiLoCo
     (outer="nesterov": H AdamW steps, then diloco_outer_step). A sync happens after steps H, 2H, ...
     inner="adamw" with outer=None: local SGD's plain average with DiLoCo's AdamW inner steps (notebook 11b's control).
@@ -78,7 +79,8 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `compute_s`: a fixed
     emulated compute per step (on netem's virtual clock inside a link); `straggler`: (rank, factor[, compute_s]) for
     straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
-    (exercise 11b.1). dtype=torch.float64 for comparisons with `simulate` that float32 cannot decide (AdamW:
+    (exercise 11b.1); by_label: shards of a few classes each.
+    dtype=torch.float64 for comparisons with `simulate` that float32 cannot decide (AdamW:
     diloco_atol). Returns this rank's final flat parameters, per-step losses, seconds, bytes (sent, received),
     compute seconds, and those evaluations.
     """
@@ -100,7 +102,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     with emulate(link), metered(meter):
         for step in range(steps):
             t = netem.now()
-            xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
+            xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed, by_label)
             model.zero_grad()
             loss = nn.functional.cross_entropy(model(xb.to(device(), dtype)), yb.to(device()))
             loss.backward()
