@@ -213,3 +213,23 @@ class KeptBytes(TorchDispatchMode):
             if t is not None and t.untyped_storage().data_ptr() not in skip:
                 live[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return sum(live.values())
+
+
+def kept_for_backward(forward, params, name_of=lambda t: "activation") -> tuple:
+    """forward()'s output and {name_of(tensor): bytes} of what autograd saved for backward: each storage once, the
+    parameters' left out, a DTensor counted by its local shard (notebooks 12 and 13's count)."""
+    weights = {q.untyped_storage().data_ptr() for q in params}
+    saved = {}
+
+    def pack(t):
+        s = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
+        if s.data_ptr() not in weights:
+            saved[s.data_ptr()] = (name_of(t), s.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    kept = defaultdict(int)
+    for name, nbytes in saved.values():
+        kept[name] += nbytes
+    return out, dict(kept)

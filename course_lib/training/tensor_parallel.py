@@ -127,7 +127,7 @@ class RowParallelLinear(nn.Module):
         self.group = group
         s = _slice(linear.in_features, group)
         self.weight = nn.Parameter(linear.weight.detach()[:, s].clone())        # (out, in/p)
-        # the bias is whole on every rank: added to each partial sum it would be counted p times
+        # the bias is whole on every rank (where it is added is exercise 13.2's question)
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x_slice):
