@@ -98,3 +98,14 @@ def test_buckets_follow_backward_order_and_size():
     assert [p.shape for p in groups[0]] == [torch.Size([10]), torch.Size([10, 256])] or groups[0][0].shape == (10,)
     assert sum(len(g) for g in groups) == 4
     assert groups[-1][-1] is list(model.parameters())[0]
+
+
+def test_shards_by_label_hold_a_few_classes_and_batches_mix_them():
+    """worker_batch(by_label=True) (notebook 11b): disjoint shards of about 3 classes, batches drawn across them."""
+    from course_lib.training.data import worker_batch
+
+    x, y = load_digits()
+    shards = [shard_indices(len(y), w, 4, labels=y) for w in range(4)]
+    assert len(set().union(*map(set, (s.tolist() for s in shards)))) == 4 * (len(y) // 4)     # disjoint
+    assert all(3 <= len(set(y[s].tolist())) <= 4 for s in shards)
+    assert all(len(set(worker_batch(x, y, w, 4, 32, 0, by_label=True)[1].tolist())) >= 2 for w in range(4))
