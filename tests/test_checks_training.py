@@ -133,6 +133,24 @@ def step_never_reset():         # a wrong result from the second step on
     total = acc / seen
     dist.all_reduce(total)
     return total / world_size
+
+def sync_packed():              # w and the version in one broadcast: as cheap, written differently
+    global w, version
+    packed = torch.cat([w, torch.tensor([float(version)], device=w.device)])
+    dist.broadcast(packed, newest())
+    w, version = packed[:-1].clone(), int(packed[-1].item())
+
+grads = []
+
+def accumulate_stacked(g):      # right numbers, wrong method: every micro-batch's gradient sent at the step
+    grads.append(g.clone())
+
+def step_stacked():
+    global grads
+    stacked = torch.stack(grads)
+    dist.all_reduce(stacked)
+    grads = []
+    return stacked.mean(0) / world_size
 '''
 
 
@@ -157,6 +175,12 @@ def test_cell_by_cell_checks_run_on_the_live_ranks(capsys):
         ranks.run_cell("newest = newest_encoded\nsync = sync_by_sum", show=False)
         with pytest.raises(ExerciseFailed, match=r"must travel in exactly one broadcast"):
             check_sync(ranks)
+        ranks.run_cell("sync = sync_packed", show=False)
+        check_sync(ranks)
+        assert capsys.readouterr().out.count("Exercise 5b.2 passed") == 1
+        ranks.run_cell("accumulate, step = accumulate_stacked, step_stacked", show=False)
+        with pytest.raises(ExerciseFailed, match=r"more than one gradient's 12"):
+            check_accumulate(ranks)
         ranks.run_cell("accumulate, step = accumulate_eagerly, step_eagerly", show=False)
         with pytest.raises(ExerciseFailed, match=r"accumulate ran \[\('all_reduce', 12\)\]"):
             check_accumulate(ranks)

@@ -145,7 +145,8 @@ def check_sync(ranks=None, exercise: str = "Exercise 5b.2") -> None:
                     f"w that is {'not a tensor' if w is None else 'not rank ' + str(src) + chr(39) + 's'}.", hint))
             calls = _calls(record)
             moved_w = [c for c in calls if c[1] >= w_bytes]
-            if moved_w != [("broadcast", w_bytes)]:
+            # w alone, or w packed with the version (one broadcast of cat([w, version])): under two w's worth
+            if len(moved_w) != 1 or moved_w[0][0] != "broadcast" or moved_w[0][1] >= 2 * w_bytes:
                 raise ExerciseFailed(with_hint(
                     f"{exercise}: with versions {versions}, rank {rank} ran {calls} (collective, bytes); w "
                     f"({w_bytes} bytes) must travel in exactly one broadcast, and only smaller tensors in "
@@ -183,6 +184,11 @@ def check_accumulate(ranks=None, exercise: str = "Exercise 5b.3") -> None:
             if [c[0] for c in _calls(record)] != ["all_reduce"]:
                 raise ExerciseFailed(with_hint(f"{exercise}: rank {rank}'s step ran {_calls(record)} (collective, "
                                                "bytes); a step communicates once.", hint))
+            g_bytes = _grad(rank, 0).numel() * 4
+            if _calls(record)[0][1] > 2 * g_bytes:      # one gradient (with a count, perhaps), not every micro-batch's
+                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank}'s step all-reduced {_calls(record)[0][1]} "
+                                               f"bytes, more than one gradient's {g_bytes}: sum on the rank first, "
+                                               "then send one tensor the size of g.", hint))
             if not (isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(got, want)):
                 raise ExerciseFailed(with_hint(f"{exercise}: step {n + 1} ({micro} accumulate cell(s) before it) "
                                                f"returned {got!r} on rank {rank}, not the mean of every gradient "
