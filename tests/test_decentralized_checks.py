@@ -213,6 +213,12 @@ def test_powersgd_crossover_wants_the_derived_condition(capsys):
         check_powersgd_crossover(lambda a, b, m, c: next(
             p for p in range(2, 10**6) if alpha_beta.ring_allreduce(p, 4 * c, a, 1 / b) * 2
             > alpha_beta.ring_allreduce(p, 4 * m, a, 1 / b)))
+    with pytest.raises(ExerciseFailed, match=r"ring_reduce_scatter \(it holds the answer\) is switched off"):
+        from course_lib.costs import alpha_beta as ab
+        check_powersgd_crossover(lambda a, b, m, c: next(       # the ring all-reduce in its two halves
+            p for p in range(2, 10**6)
+            if 2 * (ab.ring_reduce_scatter(p, 2 * c, a, 1 / b) + ab.ring_all_gather(p, 2 * c, a, 1 / b))
+            > ab.ring_reduce_scatter(p, 4 * m, a, 1 / b) + ab.ring_all_gather(p, 4 * m, a, 1 / b)))
     with pytest.raises(ExerciseFailed, match="numbers where the formula wants bytes"):
         check_powersgd_crossover(lambda a, b, m, c: max(2, math.floor((m - c) / (a * b)) + 1))
     with pytest.raises(ExerciseFailed, match="PowerSGD still sends its own bytes"):

@@ -244,6 +244,7 @@ def _crossover(alpha: float, bandwidth: float, model: int, compressed: int) -> i
 
 
 _CROSSOVER = ("course_lib.checks.decentralized._crossover", "course_lib.costs.alpha_beta.ring_allreduce",
+              "course_lib.costs.alpha_beta.ring_reduce_scatter", "course_lib.costs.alpha_beta.ring_all_gather",
               "course_lib.costs.decentralized.step_seconds", "course_lib.costs.projection.ring_step")
 
 
