@@ -391,6 +391,16 @@ def ring_nonblocking(t):
     return got
 
 
+def ring_process_group_object(t):  # irecv-then-isend by another road: the ProcessGroup's own send/recv
+    rank, world = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(t)
+    pg = dist.group.WORLD
+    works = [pg.recv([got], (rank - 1) % world, 0), pg.send([t], (rank + 1) % world, 0)]
+    for w in works:
+        w.wait()
+    return got
+
+
 def ring_chain(t):  # correct, written differently: rank 0 starts a chain, the others receive first
     rank, world = dist.get_rank(), dist.get_world_size()
     got = torch.empty_like(t)
@@ -421,6 +431,8 @@ def test_ring_exchange_wants_blocking_calls_in_an_order(capsys):
     for way, name in ((ring_batched, "batch_isend_irecv"), (ring_nonblocking, "irecv")):
         with pytest.raises(ExerciseFailed, match=rf"dist\.{name} is switched off here"):
             check_ring_exchange(way, worlds=(3,))
+    with pytest.raises(ExerciseFailed, match=r"blocking dist\.send and dist\.recv only.*c10d\.recv_"):
+        check_ring_exchange(ring_process_group_object, worlds=(3,))
     with pytest.raises(ExerciseFailed, match=r"wrong result"):
         check_ring_exchange(ring_wrong_way, worlds=(3,))
 

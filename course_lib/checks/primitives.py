@@ -13,6 +13,7 @@ import torch
 
 from ..measure.c10d_ops import everything_but
 from ..runtime.results import RankFailed
+from .blocking_only import blocking_call
 from .core import ExerciseFailed, _fmt, check_collective, not_attempted, passed, with_hint
 from .traffic import summary
 
@@ -56,6 +57,8 @@ def _nbytes(case) -> int:
 # Exercise 4.1 asks for an order of blocking calls: the calls that post a message without waiting are off.
 NON_BLOCKING = tuple(f"torch.distributed.distributed_c10d.{name}" for name in (
     "isend", "irecv", "batch_isend_irecv"))
+
+
 def _torch_from_left(t):
     import torch.distributed as dist
 
@@ -80,7 +83,7 @@ def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1", worlds=WO
     """``ring_exchange(t)`` sends t to rank+1 and returns what came from rank-1; it must finish (``timeout`` s per
     world size: a deadlock ends there)."""
     return check_collective(
-        exercise, partial(_call, ring_exchange), _torch_from_left, _distinct, world_sizes=worlds,
+        exercise, partial(blocking_call, exercise, ring_exchange), _torch_from_left, _distinct, world_sizes=worlds,
         sizes=(1, 7, 50_000), timeout=timeout, forbid="all", why="ordering send and recv so a ring cannot deadlock",
         library=("course_lib.collectives.p2p.exchange", *NON_BLOCKING), traffic=_one_message_right,
         hint=("Read your traceback: which call was each rank waiting in? A blocking send on gloo waits until its peer "
