@@ -193,6 +193,12 @@ def test_cell_by_cell_checks_run_on_the_live_ranks(capsys):
                        "your solution here')", show=False)
         with pytest.raises(NotImplementedError, match=r"^Exercise 5b\.3: not attempted yet\."):
             check_accumulate(ranks)
+        # the common mistake: every rank broadcasts from itself; the ranks time out, and the message says what to rerun
+        ranks.run_cell("newest = newest_encoded\ndef sync():\n    dist.broadcast(w, src=rank)", show=False)
+        with pytest.raises(ExerciseFailed, match=r"(?s)Timed out waiting.*left the group unusable: run %ranks restart") \
+                as failed:
+            check_sync(ranks)
+        assert "/__w/" not in str(failed.value)     # gloo's C++ source path is left out
 
 
 def _zero1_padded_views(params, m, v, t, lr):      # a correct ZeRO-1 written another way: views into one buffer

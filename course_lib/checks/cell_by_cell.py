@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..measure.c10d_ops import everything_but
+from ..runtime.rank_failure import clean
 from ..runtime.results import RankFailed
 from .core import ExerciseFailed, not_attempted, passed, with_hint
 
@@ -67,6 +68,14 @@ def _current(ranks):
     return ranks
 
 
+def _group_lost(ranks, exc) -> str:
+    """What to do next when the failure broke the group or restarted it (a rank left waiting in a collective)."""
+    if not (ranks.broken or "restarted" in getattr(exc, "note", "")):
+        return ""
+    return (" That left the group unusable: run %ranks restart (unless it was restarted already), rerun your "
+            "%%ranks cells (a restart empties every rank's namespace), then run this check again.")
+
+
 def _run_cell(ranks, exercise: str, kind: str, hint: str, case: int = 0) -> None:
     code = (f"import course_lib.checks.cell_by_cell as _course_check\n"
             f"_course_check.on_rank({exercise!r}, {kind!r}, globals(), {case})\n"
@@ -80,10 +89,12 @@ def _run_cell(ranks, exercise: str, kind: str, hint: str, case: int = 0) -> None
         if f.etype == "KeyError" and kind in f.message:
             raise ExerciseFailed(f"{exercise}: the ranks have no {kind}; run your %%ranks cell that defines it "
                                  "first.") from None
+        lost = _group_lost(ranks, exc)
         if f.etype == "SwitchedOff":
-            raise ExerciseFailed(with_hint(f"{f.message} (rank {f.rank})", hint)) from None
-        raise ExerciseFailed(with_hint(f"{exercise}: your {kind} failed on rank {f.rank}: {f.etype}: "
-                                       f"{f.message}", hint)) from None
+            raise ExerciseFailed(with_hint(f"{f.message} (rank {f.rank})" + (f".{lost}" if lost else ""), hint)) from None
+        said = clean(f.message)     # without the C++ source path a gloo message starts with
+        raise ExerciseFailed(with_hint(f"{exercise}: your {kind} failed on rank {f.rank}: {f.etype}: {said}"
+                                       + (f".{lost}" if lost and not said.endswith(".") else lost), hint)) from None
 
 
 def _results(ranks) -> list:
