@@ -189,3 +189,20 @@ def test_the_init_retry_rule():
     assert not launch([init(1)], started={0}).setup_failed()
     assert not launch([init(1), RankFailure(0, "raised", "x", 0.0, etype="KeyError", phase="fn")]).setup_failed()
     assert not launch([]).setup_failed()
+
+
+EXTRA_BARRIER = notebook_function("""
+import torch.distributed as dist
+def one_extra_barrier():
+    if dist.get_rank() == 0:
+        dist.barrier()          # paired with rank 1's closing barrier: rank 0's own closing barrier then waits alone
+""", "one_extra_barrier")
+
+
+def test_every_rank_returned_but_the_closing_barrier_timed_out_is_not_called_late():
+    with pytest.raises(RankFailed) as info:
+        run(EXTRA_BARRIER, world_size=2, timeout=3, output="none")
+    text = str(info.value)
+    assert not isinstance(info.value, RankTimeout), text     # no rank was late: each had returned
+    assert "had not finished" not in text and "closing barrier then failed on rank 0" in text, text
+    assert "rank 0 returned from the function as did rank 1" in text, text

@@ -33,12 +33,12 @@ from functools import partial
 
 from .devices import LaunchError, plan
 from .ending import Escalation
-from .forkserver import get_server
+from .forkserver import get_server, start_early
 from .loop import Loop
 from .machine_limits import check_platform, check_world_size
 from .nccl_rules import wanted
 from .protocol import DRAIN_S, SETUP_ATTEMPTS, STOP_GRACE_S, WATCH_SLACK_S
-from .rank_failure import RankFailure, first_of, resolve_frames
+from .rank_failure import RankFailure, first_of, resolve_frames, unpaired_calls
 from .rank_process import RankProcess, end_ranks, payload, rank_preloads, spawn
 from .results import RankFailed, RankTimeout, RunResult
 from .stacks import dump, flight_records, main_frames, report, where
@@ -181,8 +181,11 @@ class _Launch:
                 # Every failure is a rank that finished and waited for the others at the end, until the timeout:
                 # the ranks it waited for are the story, not the waiting rank's timeout message.
                 done = sorted(f.rank for f in self.failures)
-                late = [r for r in self.running_at_failure if r not in done] or [first.rank]
-                raise RankTimeout(self.timeout, late, done, tails(late), self.where(fn), self.wall)
+                returned = {rp.rank for rp in self.ranks if (rp.result() or {}).get("ok")}   # ended well, later
+                late = [r for r in self.running_at_failure if r not in done and r not in returned]
+                if late:
+                    raise RankTimeout(self.timeout, late, done, tails(late), self.where(fn), self.wall)
+                raise RankFailed(unpaired_calls(first, sorted({*done, *returned})), [], [])
             hung = self.where(fn) if (self.stacks or any(f.timed_out for f in self.failures)) else ""
             for f in self.failures:
                 f.frames = resolve_frames(f.frames, fn)
@@ -298,3 +301,6 @@ def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output, r
                 shutil.rmtree(rdzv, ignore_errors=True)
         launch.wall = time.perf_counter() - t0
     return launch
+
+
+start_early(("course_lib.runtime.rank_main",))

@@ -170,6 +170,18 @@ class RankFailure:
         return "\n".join(lines)
 
 
+def unpaired_calls(first: RankFailure, ranks: list[int]) -> RankFailure:
+    """Every rank returned from the function, yet the launcher's closing barrier timed out: say that, not "late"."""
+    waited = names([r for r in ranks if r != first.rank])
+    return RankFailure(first.rank, "exit", (
+        f"returned from the function{f' as did {waited}' if waited else ''}, yet the launcher's closing barrier then "
+        f"failed on rank {first.rank} ({shorten(clean(first.message))}): a collective of the function was paired on "
+        "some rank with a different call "
+        "(one rank calling more collectives than another, other sizes, another order), and the group was left "
+        "waiting. check_collectives=True names a mismatch of sizes or order on every rank."), first.time,
+        phase="teardown")
+
+
 def first_of(failures: list[RankFailure]) -> RankFailure:
     """The failure that is the story: a cause before a consequence, the learner's code before the end-of-run wait,
     then the earliest."""
