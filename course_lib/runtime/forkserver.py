@@ -216,6 +216,25 @@ def get_server(preload: tuple[str, ...] = ()) -> ForkServer:
         return _server
 
 
+def start_early(preload: tuple[str, ...] = ()) -> None:
+    """In a notebook's kernel, start the server in the background as soon as the launcher is imported.
+
+    The server's own torch import (about a second on 2 cores) then runs beside the rest of the notebook's first cell
+    instead of inside its first launch; ``get_server``'s lock makes that launch wait for a start still under way. A
+    start that fails here is silent: the launch starts the server again and says why it cannot.
+    """
+    if "ipykernel" not in sys.modules or sys.platform == "win32" or "COURSE_DEVICE" in os.environ:
+        return    # a script or test starts it at its first launch; a rank (COURSE_DEVICE) never starts ranks
+
+    def start() -> None:
+        try:
+            get_server(preload)
+        except Exception:
+            pass
+
+    threading.Thread(target=start, name="course_lib-server-start", daemon=True).start()
+
+
 def shutdown() -> None:
     """Stop the server (its ranks die with it through the lifeline)."""
     global _server
