@@ -122,6 +122,22 @@ def test_a_dead_rank_breaks_the_group_until_restart():
         assert group.run_cell("rank", show=False).values == {0: "0", 1: "1"}
 
 
+def test_a_rank_whose_process_ends_between_cells_is_named_at_the_next_cell():
+    # NCCL's watchdog ends a process at a collective's timeout whether a cell is running or not (notebook 05b)
+    with Ranks(2, timeout=5) as group:
+        group.run_cell("x = 1", show=False)
+        os.kill(group.pids[0], signal.SIGABRT)
+        deadline = time.monotonic() + 10
+        while "broken" not in repr(group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "rank 0's process has ended" in repr(group)
+        with pytest.raises(CellFailed) as info:                      # not a BrokenPipeError from the socket
+            group.run_cell("x", show=False)
+        assert info.value.rank == 0 and "SIGABRT" in str(info.value)
+        with pytest.raises(RuntimeError, match="restart"):
+            group.run_cell("pass")
+
+
 def test_restart_ten_times_in_a_row():
     group = Ranks(2, timeout=10).start()
     try:

@@ -123,7 +123,11 @@ class Ranks:
         self.stop()
 
     def __repr__(self) -> str:
-        state = "stopped" if not self.procs else (f"broken: {self.broken}" if self.broken else "ready")
+        ended = self.channel.ended() if self.procs and not self.broken else []
+        if ended:   # a process that ended between cells: the next cell is reported as that rank's failure
+            state = "broken: " + ", ".join(f"rank {p.rank}'s process has ended (exit code {p.exit})" for p in ended)
+        else:
+            state = "stopped" if not self.procs else (f"broken: {self.broken}" if self.broken else "ready")
         return f"Ranks({self.world_size} ranks, backend={self.plan.backend}, timeout={self.timeout:g} s, {state})"
 
     def _select(self, ranks) -> list:

@@ -34,8 +34,20 @@ class Channel:
         """Send ``request`` to each of ``procs``; returns its number, which their replies carry."""
         self._seq += 1
         for p in procs:
-            send_msg(p.ctl, (*request, self._seq))
+            try:
+                send_msg(p.ctl, (*request, self._seq))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # it died since the last cell: wait() reads the EOF and reports how it ended
         return self._seq
+
+    def ended(self) -> list[RankProcess]:
+        """The ranks whose process has ended since the last request (NCCL's watchdog, a kill), as the server says."""
+        with self.server.lock:
+            self.server.pump(0)
+        now = time.monotonic()
+        for p in self.procs:
+            p.note_exit(self.server.exits, now)
+        return [p for p in self.procs if p.exit is not None]
 
     def wait(self, procs: list[RankProcess], seq: int | None, deadline, on_failure=None) -> None:
         """Read output and replies until each of ``procs`` answered ``seq`` (or died), or ``deadline`` passed.
