@@ -195,8 +195,8 @@ def test_cell_by_cell_checks_run_on_the_live_ranks(capsys):
             check_accumulate(ranks)
         # the common mistake: every rank broadcasts from itself; the ranks time out, and the message says what to rerun
         ranks.run_cell("newest = newest_encoded\ndef sync():\n    dist.broadcast(w, src=rank)", show=False)
-        with pytest.raises(ExerciseFailed, match=r"(?s)Timed out waiting.*left the group unusable: run %ranks restart") \
-                as failed:
+        unusable = r"(?s)Timed out waiting.*left the group unusable: run %ranks restart"
+        with pytest.raises(ExerciseFailed, match=unusable) as failed:
             check_sync(ranks)
         assert "/__w/" not in str(failed.value)     # gloo's C++ source path is left out
 

@@ -91,7 +91,8 @@ def _run_cell(ranks, exercise: str, kind: str, hint: str, case: int = 0) -> None
                                  "first.") from None
         lost = _group_lost(ranks, exc)
         if f.etype == "SwitchedOff":
-            raise ExerciseFailed(with_hint(f"{f.message} (rank {f.rank})" + (f".{lost}" if lost else ""), hint)) from None
+            said = f"{f.message} (rank {f.rank})" + (f".{lost}" if lost else "")
+            raise ExerciseFailed(with_hint(said, hint)) from None
         said = clean(f.message)     # without the C++ source path a gloo message starts with
         raise ExerciseFailed(with_hint(f"{exercise}: your {kind} failed on rank {f.rank}: {f.etype}: {said}"
                                        + (f".{lost}" if lost and not said.endswith(".") else lost), hint)) from None
