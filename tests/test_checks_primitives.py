@@ -1,6 +1,6 @@
-"""The exercise checkers of notebooks 03-05 pass a correct solution and reject wrong ones with a message that says
+"""The exercise checkers of notebooks 04-05 pass a correct solution and reject wrong ones with a message that says
 why: a wrong value (case and rank named), a collective the exercise switches off (however it was reached), the
-course's own answer, a group only some ranks created, traffic that is not the algorithm's."""
+course's own answer, traffic that is not the algorithm's. (Notebook 03's: tests/test_checks_groups.py.)"""
 
 import re
 
@@ -13,7 +13,6 @@ from course_lib.checks.primitives import (
     check_all_gather,
     check_all_reduce,
     check_broadcast,
-    check_odd_group_all_reduce,
     check_reduce_scatter_prediction,
     check_ring_exchange,
 )
@@ -105,33 +104,6 @@ def ring_by_all_gather(t):  # no deadlock, no point-to-point either
     return out[(dist.get_rank() - 1) % dist.get_world_size()]
 
 
-def odd_good(t):
-    odd = dist.new_group(list(range(1, dist.get_world_size(), 2)))
-    if dist.get_rank() % 2:
-        dist.all_reduce(t, group=odd)
-    return t
-
-
-def odd_everyone(t):  # reduces over the whole world instead of the group
-    dist.all_reduce(t)
-    return t
-
-
-def odd_only_members_create(t):  # torch 2.13's new_group does not synchronise: this "works" until the next one
-    if dist.get_rank() % 2:
-        odd = dist.new_group(list(range(1, dist.get_world_size(), 2)))
-        dist.all_reduce(t, group=odd)
-    return t
-
-
-def odd_masked_world(t):  # right values without a group: zeros from the even ranks, over the whole world
-    x = t.clone() if dist.get_rank() % 2 else torch.zeros_like(t)
-    dist.all_reduce(x)
-    if dist.get_rank() % 2:
-        t.copy_(x)
-    return t
-
-
 def rs_ag_all_reduce(t):
     world = dist.get_world_size()
     n = t.numel()
@@ -220,27 +192,6 @@ def test_deadlock_is_caught_fast_and_fix_passes(capsys):
         check_ring_exchange(ring_by_all_gather, worlds=(2,))
 
 
-def test_odd_group(capsys):
-    check_odd_group_all_reduce(odd_good, worlds=(2, 3, 4))
-    assert "✓ Exercise 3.1 passed" in capsys.readouterr().out
-    with pytest.raises(ExerciseFailed, match=r"on rank 0"):
-        check_odd_group_all_reduce(odd_everyone, worlds=(3,))
-
-
-def test_odd_group_created_by_only_some_ranks_is_caught():
-    with pytest.raises(ExerciseFailed) as e:
-        check_odd_group_all_reduce(odd_only_members_create, worlds=(3,))
-    text = str(e.value)
-    assert "ranks [0, 2] created fewer process groups than ranks [1]" in text
-    assert "dist.new_group must be called by EVERY rank of the world" in text
-
-
-def test_odd_group_must_be_a_group():
-    with pytest.raises(ExerciseFailed, match=r"rank 0 ran \[\('all_reduce', 3\)\] \(collective, ranks in its group\); "
-                                             r"an even rank is not in the group"):
-        check_odd_group_all_reduce(odd_masked_world, worlds=(3,))
-
-
 def test_all_reduce_from_rs_ag_handles_uneven_sizes(capsys):
     check_all_reduce(rs_ag_all_reduce, worlds=(2, 3))
     assert "✓ Exercise 5.2 passed" in capsys.readouterr().out
@@ -295,37 +246,6 @@ def test_all_reduce_from_rs_ag_checks_what_each_collective_moves(capsys):
     assert "✓ Exercise 5.2 passed" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match=r"reduce_scatter_single took \d+ bytes in"):
         check_all_reduce(rs_repeat_then_throwaway_ag, worlds=(2,))
-
-
-def odd_by_enumeration(t):  # every rank builds both groups at once
-    world = dist.get_world_size()
-    mine, _ = dist.new_subgroups_by_enumeration([list(range(0, world, 2)), list(range(1, world, 2))])
-    if dist.get_rank() % 2:
-        dist.all_reduce(t, group=mine)
-    return t
-
-
-def odd_local_sync(t):  # only the members build it, which use_local_synchronization allows
-    if dist.get_rank() % 2:
-        odd = dist.new_group(list(range(1, dist.get_world_size(), 2)), use_local_synchronization=True)
-        dist.all_reduce(t, group=odd)
-    return t
-
-
-def odd_wrong_group(t):  # every rank builds a group, but not the odd ranks'
-    world = dist.get_world_size()
-    odd = dist.new_group(list(range(1, world, 2))[:1])
-    if dist.get_rank() == 1:
-        dist.all_reduce(t, group=odd)
-    return t
-
-
-def test_odd_group_built_any_correct_way(capsys):
-    check_odd_group_all_reduce(odd_by_enumeration, worlds=(2, 3, 4))
-    check_odd_group_all_reduce(odd_local_sync, worlds=(3, 4))
-    assert capsys.readouterr().out.count("✓ Exercise 3.1 passed") == 2
-    with pytest.raises(ExerciseFailed):
-        check_odd_group_all_reduce(odd_wrong_group, worlds=(4,))
 
 
 def test_reduce_scatter_prediction_cannot_start_ranks_any_way():
@@ -435,11 +355,3 @@ def test_ring_exchange_wants_blocking_calls_in_an_order(capsys):
         check_ring_exchange(ring_process_group_object, worlds=(3,))
     with pytest.raises(ExerciseFailed, match=r"wrong result"):
         check_ring_exchange(ring_wrong_way, worlds=(3,))
-
-
-def test_odd_group_refuses_the_checkers_own_reference():
-    from course_lib.checks.primitives import _torch_odd_all_reduce
-
-    with pytest.raises(ExerciseFailed, match=r"_torch_odd_all_reduce \(it holds the answer\) is switched off"):
-        check_odd_group_all_reduce(_torch_odd_all_reduce, worlds=(2,))
-

@@ -1,4 +1,4 @@
-"""Checkers for the exercises of notebooks 03-05: groups, point-to-point and collectives, run on real ranks.
+"""Checkers for the exercises of notebooks 04-05: point-to-point and collectives, run on real ranks (03: groups.py).
 
 Each runs the learner's function next to torch's own op (core.check_collective) for world sizes 2-5, several sizes
 and dtypes, with the collectives the exercise asks them to build switched off, and checks the method from the
@@ -154,55 +154,6 @@ def check_all_gather(my_all_gather, exercise: str = "Exercise 4.3", worlds=WORLD
         traffic=_receives_every_other,
         hint=("What must the list hold on every rank, and at which index is your own tensor? If it hangs, read your "
               "traceback: which call is each rank waiting in?"))
-
-
-# ---------------------------------------------------------------- all-reduce inside the odd ranks (notebook 03)
-def _torch_odd_all_reduce(t):
-    import torch.distributed as dist
-
-    odd = dist.new_group(list(range(1, dist.get_world_size(), 2)))
-    if dist.get_rank() % 2 == 1:
-        dist.all_reduce(t, group=odd)
-    return t
-
-
-def _odd_group_used(case, records):
-    p = case.world
-    odd = list(range(1, p, 2))
-    counts = {rec["rank"]: rec["group_count"] for rec in records}
-    made = {rec["rank"]: rec["groups"] for rec in records}
-    if len(set(counts.values())) > 1:
-        missing = [r for r in counts if counts[r] < max(counts.values())]
-        return (f"ranks {missing} created fewer process groups than ranks "
-                f"{[r for r in counts if counts[r] == max(counts.values())]} (groups created per rank: {made}). "
-                "dist.new_group must be called by EVERY rank of the world, even by the ranks that are not in the new "
-                "group, with the same list; otherwise the ranks disagree about which group is which, and the next "
-                "new_group waits forever.")
-    for rec in records:
-        r = rec["rank"]
-        # any correct way to build it: new_group on every rank, new_subgroups_by_enumeration (which also makes
-        # the other groups it lists), or new_group on its members only with use_local_synchronization=True
-        if made[r] and odd not in made[r]:
-            return f"rank {r} created groups of ranks {made[r]}, none of them the group of the odd ranks, {odd}."
-        calls = [(name, size) for name, _, size, *_ in rec["collectives"]]
-        want = [("all_reduce", len(odd))] if r in odd else []
-        if calls != want:
-            return (f"rank {r} ran {calls or 'no collective'} (collective, ranks in its group); "
-                    + (f"an odd rank runs one all_reduce on the group of the {len(odd)} odd rank(s)."
-                       if r in odd else "an even rank is not in the group and runs no collective."))
-    return None
-
-
-def check_odd_group_all_reduce(odd_all_reduce, exercise: str = "Exercise 3.1", worlds=WORLDS):
-    """``odd_all_reduce(t)`` sums t over the odd ranks only (even ranks keep theirs) and returns t, on every rank."""
-    # The launcher keeps every rank alive until all are done (a final barrier), so ranks outside the new group
-    # cannot exit while its members are still connecting it.
-    return check_collective(
-        exercise, partial(_call, odd_all_reduce), _torch_odd_all_reduce, _distinct, world_sizes=worlds,
-        timeout=10, forbid="send_recv", why="process groups", traffic=_odd_group_used,
-        library=("course_lib.checks.primitives._torch_odd_all_reduce",),     # the checker's own answer
-        hint=("Creating a process group is itself a collective of the whole world. Which ranks must call "
-              "dist.new_group, and which ranks then take part in the all-reduce?"))
 
 
 # ---------------------------------------------------------------- all-reduce = reduce-scatter + all-gather (05)
