@@ -1,9 +1,12 @@
 """Checker for notebook 14b's exercise 14b.1: dynamic loss scaling across pipeline stages.
 
 The learner's loss-scaled step runs on real ranks, one stage each, with an inf or a NaN injected on one stage only,
-against GradScaler's rules (training.mixed_precision.LossScaler), counting the collectives with CommLog. While it
-runs, the course's LossScaler, torch's GradScaler and its two kernels (torch._amp_foreach_non_finite_check_and_unscale_,
-torch._amp_update_scale_) are switched off (switch_off.py).
+against GradScaler's rules (training.mixed_precision.LossScaler), counting the collectives with CommLog. Each stage
+has its own shape (nn.Linear(4, 4 + rank)), as a real pipeline's stages do, so a collective over the gradients
+themselves fails as it would there. While it runs, the course's LossScaler, torch's GradScaler, FSDP's
+ShardedGradScaler (a pure-Python copy of the same rules on CPU) and GradScaler's two kernels
+(torch._amp_foreach_non_finite_check_and_unscale_, torch._amp_update_scale_) are switched off (switch_off.py). Allowed:
+any one collective on a flag (or flags) made on the stage's device, any way of testing the gradients for inf and NaN.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ STEPS = 8
 OVERFLOW = {2: (1, float("inf"), "weight"), 3: (0, float("nan"), "bias"), 5: (1, float("nan"), "weight"),
             6: (0, float("inf"), "bias")}
 AMP_KERNELS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_")   # GradScaler's own, as torch ops
+SHARDED = "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"
+SHARDED_METHODS = ("unscale_", "_unscale_grads_", "_amp_update_scale_cpu_", "update")
 
 
 @contextmanager
@@ -48,12 +53,32 @@ def _no_amp_kernels(exercise: str):
         yield
 
 
+@contextmanager
+def _no_sharded_scaler(exercise: str):
+    """FSDP's ShardedGradScaler off: its unscale_ all-reduces the overflow flag and its CPU update is GradScaler's rule
+    in plain Python, so no aten kernel of GradScaler's would see it."""
+    from . import switch_off
+
+    why = "loss scaling by hand"
+    stubs = switch_off.library_stubs([f"{SHARDED}.{m}" for m in SHARDED_METHODS], exercise, why)
+    for m in SHARDED_METHODS:     # named as the learner would call it, not as a dist.* collective
+        switch_off._refusals[f"{exercise}:{SHARDED}.{m}"] = switch_off._say(exercise, why,
+                                                                            f"torch's ShardedGradScaler.{m}")
+    for fn, _, stub in stubs:
+        fn.__code__ = stub
+    try:
+        yield
+    finally:
+        for fn, code, _ in stubs:
+            fn.__code__ = code
+
+
 def _loss_scaling_case(learner, growth_interval, lr):
     from ..measure.comm_log import CommLog
     from ..runtime.devices import device
     rank = dist.get_rank()
     torch.manual_seed(rank)
-    stage = nn.Linear(4, 4).to(device())
+    stage = nn.Linear(4, 4 + rank).to(device())      # stages differ in shape, as a pipeline's do
     scaler = {"scale": 2.0 ** 10, "good_steps": 0, "growth_interval": growth_interval}
     history = []
     for step in range(STEPS):
@@ -69,7 +94,7 @@ def _loss_scaling_case(learner, growth_interval, lr):
                                         "torch.amp.grad_scaler.GradScaler.step",
                                         "torch.amp.grad_scaler.GradScaler.update",
                                         "course_lib.training.mixed_precision.LossScaler.update"]), \
-                    _no_amp_kernels("Exercise 14b.1"):
+                    _no_amp_kernels("Exercise 14b.1"), _no_sharded_scaler("Exercise 14b.1"):
                 stepped = learner(stage, lr, scaler)
         history.append((bool(stepped), scaler["scale"], scaler["good_steps"], [c.op for c in log.calls],
                         [q.detach().cpu().clone() for q in stage.parameters()]))
@@ -78,7 +103,7 @@ def _loss_scaling_case(learner, growth_interval, lr):
 
 def _reference_history(rank, growth_interval, lr):
     torch.manual_seed(rank)
-    stage = nn.Linear(4, 4)
+    stage = nn.Linear(4, 4 + rank)
     sc = LossScaler(2.0 ** 10, growth_interval=growth_interval)
     out = []
     for step in range(STEPS):
@@ -110,7 +135,8 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss sc
                 raise not_attempted(exercise, e.failure.message) from None
             if e.failure.etype == "SwitchedOff":
                 raise ExerciseFailed(f"{e.failure.message}\nHint: {hint}") from None
-            raise ExerciseFailed(f"{exercise}: rank {e.rank} failed with {world} stages:\n{e}\nHint: {hint}") from None
+            raise ExerciseFailed(f"{exercise}: rank {e.rank} failed with {world} stages (each stage's weight has its "
+                                 f"own shape, 4 + rank rows):\n{e}\nHint: {hint}") from None
         refs = [_reference_history(rank, growth, lr) for rank in range(world)]
         for step in range(STEPS):
             per_rank = [h[step] for h in vals]
@@ -138,8 +164,8 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss sc
                 if not diff <= 1e-6:                  # also a NaN that reached the weights
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: weights differ from the reference by "
-                        f"{diff:.3g}; the gradients hold loss x scale: which scale, and does it change before you "
-                        f"use it?\nHint: {hint}")
+                        f"{diff:.3g}. Each stage updates its own weights with its own gradients, which hold loss x "
+                        f"the scale they were made with: is that the scale you divide by?\nHint: {hint}")
                 if len(got[3]) != 1:  # any one collective that tells every stage: an all_reduce, an all_gather, ...
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: your step ran {got[3] or 'no '} "

@@ -14,7 +14,8 @@ attention forward, 2·B·s·h·V for the logits; backward twice forward; full re
 layers, which is their equation (3), 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)). Step time: m micro-batches per pipeline
 take (m + p - 1) slots of one micro-batch's compute at `efficiency` x the accelerator's peak, plus tensor
 parallelism's all-reduces (4 per layer and micro-batch, 6 with full recomputation; ring on the node's NVLink), plus
-the activations sent between stages, plus data parallelism's gradient all-reduce, not overlapped (an upper bound).
+the activations sent between stages, plus data parallelism's gradient traffic in `Layout.grad_bytes` per element
+(16-bit by default; Llama 3 reduces in fp32), not overlapped (an upper bound).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class Layout:
     recompute: str = "selective"             # "none", "selective" or "full"
     sequence_parallel: bool = True
     first_stage_layers: int | None = None    # None: ceil(L / pp); fewer when a run moves layers off the first stage
+    grad_bytes: int = 2                      # bytes per gradient element data parallelism reduces (Llama 3: fp32, 4)
 
     @property
     def gpus(self) -> int:
@@ -181,8 +183,11 @@ def step_time(model: Transformer, lay: Layout, cl: Cluster) -> dict:
     tp = m * (model.layers / p) * per_layer * ring_all_reduce_s(act, t, tp_GBps)
     pp = 0.0 if p == 1 else m * 2 * (act / t) / (cl.inter_GBps * 1e9)   # 1/t each: Megatron's scatter/gather
     bubble = (p - 1) / m * (compute + tp + pp)                           # p - 1 more slots of the same length
-    grads = 2 * model.n_params / (t * p)                                 # 16-bit gradients of this GPU's part
-    dp = ring_all_reduce_s(grads, d, cl.inter_GBps) * (1.5 if lay.zero == 3 else 1.0)   # ZeRO-3: 3Ψ, not 2Ψ (7.2)
+    # bytes per parameter of this GPU's part that a ring moves, x (d-1)/d: all-reduce of the gradients (2g); ZeRO-1/2
+    # reduce-scatter them (g) and all-gather the 16-bit weights (2); ZeRO-3 gathers them twice (ZeRO, section 7.2)
+    g = lay.grad_bytes
+    moved = {0: 2 * g, 1: g + 2, 2: g + 2, 3: g + 4}[lay.zero] * model.n_params / (t * p)
+    dp = 0.0 if d == 1 else (d - 1) / d * moved / (cl.inter_GBps * 1e9)
     out = {"compute": compute, "bubble": bubble, "tp_comm": tp, "pp_comm": pp, "dp_comm": dp}
     out["total"] = sum(out.values())
     return out
