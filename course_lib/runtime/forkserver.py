@@ -38,7 +38,7 @@ def serve(sock_fd: int, preload: tuple = ()) -> None:
         for name in preload:  # the callers' choice: the entry modules of their ranks, torch._dynamo for some
             importlib.import_module(name)
     except BaseException as exc:  # tell the kernel why we cannot serve, then leave
-        send_msg(sock, ("failed", f"{type(exc).__name__}: {exc}"))
+        _tell(sock, ("failed", f"{type(exc).__name__}: {exc}"))
         return
     # The lifeline: every child holds the read end; when this server dies (because the kernel died and closed
     # our socket), the children read EOF and exit, so no rank outlives its notebook.
@@ -49,7 +49,8 @@ def serve(sock_fd: int, preload: tuple = ()) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the kernel is not for us
-    send_msg(sock, ("ready", os.getpid()))
+    if not _tell(sock, ("ready", os.getpid())):
+        return  # the kernel left while we imported torch (a notebook closed right after importing run)
     loop = Loop()
 
     def woken() -> bool:  # SIGCHLD: a child exited
@@ -89,7 +90,7 @@ def serve(sock_fd: int, preload: tuple = ()) -> None:
                 os._exit(code)
         for fd in fds:
             os.close(fd)
-        send_msg(sock, ("pid", msg.get("request"), pid))
+        _tell(sock, ("pid", msg.get("request"), pid))
         _reap(sock)
         return True
 
@@ -106,7 +107,16 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        send_msg(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
+        _tell(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
+
+
+def _tell(sock: socket.socket, msg) -> bool:
+    """Send to the kernel; False when it has gone (the loop then reads EOF and the server leaves)."""
+    try:
+        send_msg(sock, msg)
+        return True
+    except (BrokenPipeError, ConnectionResetError):
+        return False
 
 
 # ---------------------------------------------------------------- kernel side
