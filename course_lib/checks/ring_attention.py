@@ -1,8 +1,9 @@
-"""Checker for notebook 15b's exercise 15b.1: causal ring attention on the zig-zag layout.
+"""Checker for notebook 15b's exercise 15b.1: causal ring attention on the zig-zag layout, visible halves only.
 
 It runs the learner's function on 2, 3 and 4 real ranks with every collective and the course's own ring attention
 switched off (switch_off.py), compares with full causal attention (course_lib.training.ring_attention), and checks
-the method: the ring's messages (traffic.py: p-1 sends to the next rank, their bytes), the largest tensor made
+the method: the ring's messages (traffic.py: p-1 sends to the next rank, their bytes), the multiply-adds of its
+matrix products (the visible half of each arriving block, not the whole block masked), the largest tensor made
 (measure/peak_memory.py) and what the tensors hold at once as ranks are added.
 """
 
@@ -14,6 +15,7 @@ from .core import ExerciseFailed, passed
 from .expert_parallel import _launch
 
 RING = "course_lib.training.ring_attention"
+LIBRARY = [f"{RING}.ring_attention", f"{RING}.online_update", f"{RING}.attention"]
 
 
 def _qkv(p, chunk, d, scale):
@@ -22,7 +24,8 @@ def _qkv(p, chunk, d, scale):
 
 
 def _run_ring(fn, exercise, chunk, d, scales):
-    """On every rank, for each score scale: the learner's output, its messages and the largest tensor it made."""
+    """On every rank, for each score scale: the learner's output, its messages, the largest tensor it made and its
+    matrix products' multiply-adds; then what its tensors held at once."""
     import torch.distributed as dist
 
     from ..measure.peak_memory import LargestTensor, peak_bytes
@@ -35,15 +38,13 @@ def _run_ring(fn, exercise, chunk, d, scales):
     out = []
     for scale in scales:
         q, k, v = (t.to(device())[pos] for t in _qkv(p, chunk, d, scale))
-        with switched_off(exercise, forbid="all", why="passing K and V round a ring",
-                          library=[f"{RING}.ring_attention", f"{RING}.online_update", f"{RING}.attention"]):
+        with switched_off(exercise, forbid="all", why="passing K and V round a ring", library=LIBRARY):
             with Watch() as w, LargestTensor() as big:
                 o = fn(q, k, v)
         out.append({"out": o.cpu() if isinstance(o, torch.Tensor) else o, "record": w.record(),
-                    "largest": (big.bytes, big.shape, big.op)})
+                    "largest": (big.bytes, big.shape, big.op), "macs": big.macs})
     q, k, v = (t.to(device())[pos] for t in _qkv(p, chunk, d, scales[0]))
-    with switched_off(exercise, forbid="all", why="passing K and V round a ring",
-                      library=[f"{RING}.ring_attention", f"{RING}.online_update", f"{RING}.attention"]):
+    with switched_off(exercise, forbid="all", why="passing K and V round a ring", library=LIBRARY):
         live = peak_bytes(lambda: fn(q, k, v), device())[1]      # what its tensors held at once, at the peak
     return {"rank": rank, "scales": out, "live": live}
 
@@ -52,30 +53,34 @@ def check_causal_ring_attention(ring_attention_zigzag,
                                 exercise: str = "Exercise 15b.1 (causal ring attention, zig-zag)") -> None:
     """`ring_attention_zigzag(q, k, v)` -> this rank's causal attention output, its tokens being chunks r and
     2p-1-r of 2p (positions(rank, p, S, "zigzag")); K/V passed to rank+1 only, p-1 times; no collective. Compared
-    with full causal attention in float64 on 2, 3 and 4 ranks, with moderate scores and with scores near +-1000
-    (where exp overflows unless the running maximum is subtracted). The method: no tensor the learner's code makes
-    may exceed one c x c block of scores or one stacked K/V pair, and what its tensors hold at once may not grow by a
-    K/V pair from 3 to 4 ranks, so neither a whole row of scores nor every rank's keys ever exist on one rank (what
-    the online softmax is for)."""
+    with full causal attention in float64 on 2, 3 and 4 ranks, with moderate scores and with scores in the thousands
+    (where exp overflows unless the running maximum is subtracted). The method: the matrix products (@, mm, matmul,
+    einsum, scaled_dot_product_attention) may do the own block whole (2 c^2 d multiply-adds) and then only the
+    visible half of each arriving block (c^2 d each), not the whole block masked (2 c^2 d each); no tensor may exceed
+    one c x c block of scores or one stacked K/V pair; what the tensors hold at once may not grow by half a block's
+    output (c/2 x d) from 3 to 4 ranks, so neither every rank's keys nor a partial output per block is kept to be
+    merged at the end (what the online softmax is for)."""
     from ..training.ring_attention import attention, positions
     from .traffic import summary
 
-    hint = ("Causal attention lets a query see only keys at or before its global position. Which blocks of the ring "
-            "are entirely in a query block's future, and how does the online softmax combine blocks that arrive one by "
-            "one?")
+    hint = ("Chunk numbers decide visibility: you hold chunks r and 2p-1-r, the block from rank s holds chunks s and "
+            "2p-1-s. Which of your chunks sees which of its chunks when s < r, and when s > r? Fold what is visible "
+            "into those rows' (o, m, den) with the online softmax.")
     chunk, d, scales = 3, 4, (1.0, 20.0)
     c = 2 * chunk
-    live = {}
+    live, top = {}, 0.0
     for world in (2, 3, 4):
         vals = _launch(exercise, _run_ring, world, (ring_attention_zigzag, exercise, chunk, d, scales), hint)
         live[world] = max(v["live"] for v in vals)
         for i, scale in enumerate(scales):
             q, k, v = _qkv(world, chunk, d, scale)
             full = attention(q, k, v, causal=True)
+            biggest_score = float((q @ k.T).abs().max() / d ** 0.5)
+            top = max(top, biggest_score)
             for rank_val in vals:
                 rank, val = rank_val["rank"], rank_val["scales"][i]
                 out = val["out"]
-                case = f"{world} ranks, rank {rank}, scores up to {float((q @ k.T).abs().max() / d ** 0.5):.0f}"
+                case = f"{world} ranks, rank {rank}, scores up to {biggest_score:,.0f}"
                 want = full[positions(rank, world, 2 * world * chunk, "zigzag")]
                 if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(want.shape):
                     raise ExerciseFailed(f"{exercise}: {case}: return a tensor of shape {tuple(want.shape)} (my "
@@ -101,18 +106,37 @@ def check_causal_ring_attention(ring_attention_zigzag,
                                          f"{nxt} only, {world - 1} times: {sent} bytes.\nHint: {hint}")
                 biggest, shape, op = val["largest"]
                 if biggest > max(c * c, 2 * c * d) * 8:
-                    raise ExerciseFailed(f"{exercise}: {case}: your code made a {op} result of shape {list(shape)}, "
-                                         f"more than one {c} x {c} block of scores or one K/V pair (2 x {c} x {d}). "
-                                         f"Ring attention never holds a whole row of scores or every rank's keys: "
-                                         f"fold each block into (o, m, den) as it arrives.\nHint: {hint}")
+                    raise ExerciseFailed(f"{exercise}: {case}: your code made a tensor of shape {list(shape)} "
+                                         f"({op}, {biggest} bytes), more than one {c} x {c} block of scores "
+                                         f"({c * c * 8} bytes) or one K/V pair (2 x {c} x {d}, {2 * c * d * 8} "
+                                         f"bytes). Ring attention never holds a whole row of scores or every rank's "
+                                         f"keys, and a product broadcast to (queries x keys x d) is d blocks of "
+                                         f"scores: compute scores with a matrix product (q @ k.T) and fold each "
+                                         f"block into (o, m, den) as it arrives.\nHint: {hint}")
+                # the own block whole (q k^T and p v: 2 c^2 d), then the visible half of each arriving one (c^2 d)
+                half, whole = 2 * c * c * d + (world - 1) * c * c * d, 2 * c * c * d * world
+                if val["macs"] == 0:
+                    raise ExerciseFailed(f"{exercise}: {case}: no matrix product seen; compute the scores and "
+                                         f"weights x values with @ (or matmul, einsum, scaled_dot_product_attention), "
+                                         f"so that the checker can count the work.\nHint: {hint}")
+                if val["macs"] > half + (world - 1) * c * c * d // 2:
+                    raise ExerciseFailed(f"{exercise}: {case}: your matrix products did {val['macs']} multiply-adds; "
+                                         f"the own {c} x {c} block and the visible half of each of the {world - 1} "
+                                         f"arriving blocks need {half} (whole blocks, masked: {whole}; scores computed "
+                                         f"twice count twice). Of a block "
+                                         f"from another rank only half the pairs are visible, and they are one "
+                                         f"rectangle: compute that product alone, no mask needed.\nHint: {hint}")
     # from 3 ranks on, a ring holds the block it computes on and the one arriving, whatever p is; a rank that keeps
-    # every block that passed holds one more K/V pair for every rank added (2 x c x d float64)
-    pair = 2 * c * d * 8
-    if live[4] - live[3] >= pair:
+    # something for every block that passed (the block, or a partial output to merge at the end) holds at least a
+    # half block's output (c/2 x d float64) more for every rank added
+    grow = chunk * d * 8
+    if live[4] - live[3] >= grow:
         raise ExerciseFailed(f"{exercise}: your code's tensors held {live[3]} bytes at once on 3 ranks and "
-                             f"{live[4]} on 4: {live[4] - live[3]} more, one K/V pair ({pair} bytes) for the added "
-                             f"rank. A ring holds the block it works on and the one arriving, however many ranks: "
-                             f"fold each block into (o, m, den) and let it go.\nHint: {hint}")
-    passed(exercise, "causal attention of every zig-zag chunk equals full attention on 2, 3 and 4 ranks, with "
-                     "scores up to ~1000, K/V sent only to the next rank, p-1 times, no collective, no tensor "
-                     "larger than one block of scores, and memory that does not grow with the ranks")
+                             f"{live[4]} on 4: {live[4] - live[3]} more for the added rank (at least {grow}, half a "
+                             f"block's output, means something is kept per block: the block itself, or a partial "
+                             f"output merged at the end). A ring holds the block it works on and the one arriving, "
+                             f"however many ranks: fold each block into (o, m, den) and let it go.\nHint: {hint}")
+    passed(exercise, f"causal attention of every zig-zag chunk equals full attention on 2, 3 and 4 ranks, with "
+                     f"scores up to {top:,.0f}; K/V sent only to the next rank, p-1 times, no collective; matrix "
+                     f"products of the own block and the visible half of each other block only; no tensor larger "
+                     f"than one block of scores, and memory that does not grow with the ranks")

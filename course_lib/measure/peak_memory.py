@@ -9,7 +9,9 @@ peak. Tensors that existed before the call are not counted.
 
 LargestTensor reads every operation's result at the dispatcher (any device, no profiler): a checker uses it to see
 whether a learner's ring attention ever built a tensor bigger than one block of scores, as gathering every rank's
-keys or a whole row of scores does.
+keys or a whole row of scores does, and how many multiply-adds its matrix products did (a block computed whole and
+masked does twice the half-block kernel's). torch.utils.flop_counter counts the same ops, but its first use imports
+torch._dynamo, seconds per rank.
 """
 
 from __future__ import annotations
@@ -56,9 +58,23 @@ def _bytes(t: torch.Tensor) -> int:
         return n
 
 
+def _macs(name: str, args) -> int:
+    """Multiply-adds of one matrix-product or fused-attention operator (0 for any other): mm (m x k @ k x n) and
+    addmm: m k n; bmm and baddbmm: b m k n; scaled_dot_product_* (batch, heads, L, d): q k^T and p v, 2 L S d per
+    batch and head, whatever the mask (a fused kernel may skip masked tiles; this counts what was asked for)."""
+    if name in ("mm", "addmm", "bmm", "baddbmm"):
+        a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
+        return a.numel() * b.shape[-1]
+    if name.startswith("_scaled_dot_product_") and "backward" not in name:
+        q, k = args[0], args[1]
+        return 2 * q.numel() * k.shape[-2]
+    return 0
+
+
 class LargestTensor(TorchDispatchMode):
     """`with LargestTensor() as big:` the largest tensor any operation in the block produced (big.bytes, big.shape,
-    big.op). Communication operators (c10d) are left out: they fill buffers the caller made."""
+    big.op) and the multiply-adds of its matrix products and fused attentions (big.macs). Communication operators
+    (c10d) are left out: they fill buffers the caller made."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -66,9 +82,10 @@ class LargestTensor(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.bytes, self.shape, self.op = 0, (), None
+        self.bytes, self.shape, self.op, self.macs = 0, (), None, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.macs += _macs(func.overloadpacket.__name__, args)
         out = func(*args, **(kwargs or {}))
         if func.namespace not in ("c10d", "_c10d_functional"):
             for t in tree_leaves(out):

@@ -13,13 +13,13 @@ arXiv:2310.01889, section 3). Causal masking by global positions, so any layout 
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..collectives.p2p import post_together
+from ..measure import netem
 
 
 def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
@@ -60,12 +60,14 @@ def positions(rank: int, p: int, seq: int, layout: str = "contiguous") -> torch.
 
 
 def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", overlap: bool = True,
-                   link=None, stats: dict | None = None):
+                   flops: float | None = None, stats: dict | None = None):
     """This rank's attention output for its own queries (the library copy of notebook 15b's cell). q, k, v: this
     rank's blocks; the pair (k, v) goes to rank+1 and comes from rank-1 at every step. overlap=False waits for the
-    next block before computing (the naive order). link (netem.Link): the transfer that started with the step is
-    made to last alpha + bytes/B before its wait returns, as on a real link running beside the compute. stats, if
-    given, gets the blocks computed, the messages sent, and per step (whose block, computed or skipped)."""
+    next block before computing (the naive order). Causal blocks are computed whole and masked (no half-block
+    kernel). flops: an emulated FLOP/s; each computed block then also charges 4 c c d / flops seconds with
+    netem.compute, on netem's virtual clock inside netem.emulate(link), so a step lasts what the schedule takes on
+    that link, on any machine. stats, if given, gets the blocks computed, the messages sent, per step (whose block,
+    computed or skipped) and each step's seconds by netem.now()."""
     rank, p = dist.get_rank(), dist.get_world_size()
     seq = len(q) * p
     q_pos = positions(rank, p, seq, layout)
@@ -75,17 +77,17 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
     m = torch.full((len(q),), float("-inf"), dtype=q.dtype, device=q.device)
     den = torch.zeros(len(q), dtype=q.dtype, device=q.device)
     computed = messages = 0
-    trace = []
+    trace, step_s = [], []
     for step in range(p):
         src = (rank - step) % p                      # whose keys and values I hold now
-        nxt, reqs, t0 = None, [], time.perf_counter()
+        nxt, reqs, t0 = None, [], netem.now()
         if step < p - 1:
             nxt = torch.empty_like(kv)
             # one batch: an isend then an irecv posted apart deadlock the ring on NCCL (notebook 04)
             reqs = post_together([(kv, (rank + 1) % p)], [(nxt, (rank - 1) % p)])
             messages += 1
             if not overlap:
-                _wait(reqs, link, kv, t0)
+                _wait(reqs)
         s = qs @ kv[0].T
         if causal:
             k_pos = positions(src, p, seq, layout).to(s.device)
@@ -93,26 +95,25 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
         if not causal or not torch.isinf(s).all():   # a block entirely in the future adds nothing
             m = online_update(o, m, den, s, kv[1])
             computed += 1
+            if flops:
+                netem.compute(4 * len(q) * kv.shape[1] * q.shape[-1] / flops)   # q k^T and p v: 2 FLOPs per MAC
             trace.append((src, True))
         else:
             trace.append((src, False))
         del s
         if overlap and reqs:
-            _wait(reqs, link, kv, t0)
+            _wait(reqs)
+        step_s.append(netem.now() - t0)
         if nxt is not None:
             kv = nxt
     if stats is not None:
-        stats.update(blocks=computed, messages=messages, steps=trace)
+        stats.update(blocks=computed, messages=messages, steps=trace, step_s=step_s)
     return o / den[:, None]
 
 
-def _wait(reqs, link, kv, t0):
+def _wait(reqs):
     for r in reqs:
         r.wait()
-    if link is not None:                            # the emulated transfer started at t0
-        left = t0 + link.alpha + kv.numel() * kv.element_size() / link.bandwidth - time.perf_counter()
-        if left > 0:
-            time.sleep(left)
 
 
 def traffic_formula(seq: int, d: int, p: int, elem: int) -> int:

@@ -1,6 +1,6 @@
 """Drawings for ring attention (notebook 15b): whose key/value block each rank holds at each step and which it
-skipped under a causal mask, the work per rank for two layouts, and when the ring's transfers hide behind compute.
-viz only draws what a run (or the cost model) returned."""
+skipped under a causal mask, the work per rank for two layouts, and when the ring's transfers hide behind compute
+(the model, and a run's step times on an emulated link). viz only draws what a run (or the cost model) returned."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def plot_ring_schedule(schedules: dict[str, list], work: dict[str, list] | None 
         for i, (name, w) in enumerate(work.items()):
             ax.bar(np.arange(p) + i * width, w, width, label=name)
         ax.set_xticks(np.arange(p) + 0.4 - width / 2, [f"rank {r}" for r in range(p)], fontsize=8)
-        ax.set_ylabel("(query, key) pairs computed")
+        ax.set_ylabel("visible (query, key) pairs", fontsize=8)
         ax.set_title("causal work per rank", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -65,6 +65,35 @@ def plot_overlap(curves: dict[str, dict], c, crossovers: dict[str, float], title
     ax.set_ylabel("ms per ring step")
     ax.set_title(title or "transfer hides behind compute right of each line", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, which="both", alpha=0.2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_slowdown(c, measured: dict[str, dict], model: dict[str, dict], crossovers: dict[str, float],
+                       title: str = ""):
+    """One ring step's time over its compute time against block length c, per link: measured[name] = {"overlap":
+    step seconds, "serial": step seconds} from a run, model[name] = overlap_model(...) for the same c (lines).
+    With the transfer posted before the compute the ratio reaches 1 at the crossover and stays there; waiting
+    first, it is 1 + transfer / compute."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    c = np.asarray(c, dtype=float)
+    for i, (name, got) in enumerate(measured.items()):
+        col, mod = PALETTE[i % 10], model[name]
+        comp = np.asarray(mod["compute"])
+        ax.loglog(c, np.asarray(mod["overlapped"]) / comp, "-", color=col, lw=1.2)
+        ax.loglog(c, np.asarray(mod["serial"]) / comp, ":", color=col, lw=1.2)
+        ax.loglog(c, np.asarray(got["overlap"]) / comp, "o", color=col, ms=6,
+                  label=f"{name}: send posted before compute")
+        ax.loglog(c, np.asarray(got["serial"]) / comp, "x", color=col, ms=7, mew=1.5,
+                  label=f"{name}: wait, then compute")
+        ax.axvline(crossovers[name], color=col, lw=0.8, alpha=0.6,
+                   label=f"{name}: crossover c = b F / (2B) = {crossovers[name]:,.0f}")
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xlabel("tokens per rank c")
+    ax.set_ylabel("step time / compute time")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
     return fig
