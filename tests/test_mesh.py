@@ -1,7 +1,7 @@
 """Device meshes (notebook 15): FSDP2 x tensor parallel and HSDP on a 2 x 2 mesh of 4 gloo ranks train to the weights
 of single-process SGD (float64, within tolerance.sgd_atol); the groups torch builds are the row-major rule's; a
 published layout placed on nodes; data/parallel_layouts.csv consistent (the degrees multiply to the GPUs); and the
-mesh-groups checker rejecting a column-major answer."""
+mesh-groups checker rejecting a column-major answer and torch's private layout helper."""
 
 import math
 
@@ -67,3 +67,13 @@ def test_mesh_groups_checker_rejects_column_major(capsys):
     assert "✓ Exercise 15.1" in capsys.readouterr().out
     with pytest.raises(ExerciseFailed, match="init_device_mesh on 4 real ranks built"):
         check_mesh_groups(column_major)
+
+
+def test_mesh_groups_checker_switches_off_torchs_private_layout():
+    def private(shape, dim):                      # the helper init_device_mesh computes its groups with
+        from torch.distributed._mesh_layout import _MeshLayout
+        return _MeshLayout.from_sizes_strides(tuple(shape))[dim].global_ranks(math.prod(shape))
+
+    with pytest.raises(ExerciseFailed, match=r"laying ranks out on a mesh; torch's private mesh layout "
+                                             r"\(torch.distributed._mesh_layout.*is switched off"):
+        check_mesh_groups(private)

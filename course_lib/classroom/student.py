@@ -47,7 +47,7 @@ COURSE_NOTEBOOKS = (
     "13_tensor_parallel.ipynb",
     "14_pipeline_parallel.ipynb",
     "14b_activation_memory_and_precision.ipynb",
-    "15_expert_and_context_parallel.ipynb",
+    "15_expert_parallel_and_mesh.ipynb",
     "15b_context_parallel_and_layouts.ipynb",
     "16_failures_and_recovery.ipynb",
     "17_multi_node_lab.ipynb",

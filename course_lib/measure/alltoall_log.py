@@ -5,6 +5,9 @@
 `input_split_sizes[j]` of `inp` go to rank j, rows `output_split_sizes[j]` of `out` come from rank j (empty lists:
 equal splits). A TorchDispatchMode reads them there, so what the learner's cell passed is measured, not assumed.
 The rows a rank "sends" to itself are a local copy and are kept apart from the bytes that cross a link.
+torch's functional all-to-all (`_functional_collectives.all_to_all_single`, differentiable in torch 2.13, and what
+`all_to_all_single_autograd` calls) ends in `_c10d_functional.all_to_all_single` instead; it is logged too, marked
+`via="functional"`, so a checker can tell which road a learner's exchange took.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Exchange:
     to: list[int]
     frm: list[int]
     rank: int
+    via: str = "c10d"          # "c10d": dist.all_to_all_single; "functional": torch's functional collective
 
     @property
     def sent(self) -> int:
@@ -59,7 +63,8 @@ class AllToAllLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if f"{func.namespace}.{func.__name__.split('.')[0]}" == "c10d.alltoall_base_":
+        name = f"{func.namespace}.{func.__name__.split('.')[0]}"
+        if name == "c10d.alltoall_base_":
             # schema: (output, input, process_group, output_split_sizes, input_split_sizes, async_op, timeout)
             out, inp, group, out_splits, in_splits = args[:5]
             group = dist.ProcessGroup.unbox(group)
@@ -68,6 +73,13 @@ class AllToAllLog(TorchDispatchMode):
             to = [r * _row_bytes(inp) for r in _rows(inp, in_splits, p)]
             frm = [r * _row_bytes(out) for r in _rows(out, out_splits, p)]
             self.calls.append(Exchange(to, frm, rank))
+        elif name == "_c10d_functional.all_to_all_single":
+            # schema: (input, output_split_sizes, input_split_sizes, group_name); the output is what it returns
+            inp, out_splits, in_splits, group_name = args[:4]
+            group = dist.distributed_c10d._resolve_process_group(group_name)
+            row = _row_bytes(inp)
+            self.calls.append(Exchange([int(r) * row for r in in_splits], [int(r) * row for r in out_splits],
+                                       group.rank(), via="functional"))
         return func(*args, **kwargs)
 
     @property

@@ -1,6 +1,6 @@
 """Mixture of experts: top-k gating with a capacity factor, the single-process layer that expert parallelism must equal.
 
-Taught in notebooks/15_expert_and_context_parallel.ipynb. Sparsely-gated MoE (Shazeer et al., ICLR 2017); top-2
+Taught in notebooks/15_expert_parallel_and_mesh.ipynb. Sparsely-gated MoE (Shazeer et al., ICLR 2017); top-2
 gating whose two weights are renormalised, and a capacity per expert for each group of tokens, first choices served
 before second choices (GShard, Lepikhin et al. 2020, section 2.2 and algorithm 1, without its random dispatch of
 second choices, so that the expert-parallel run can be compared exactly); top-1 gating weighted by the
@@ -47,7 +47,9 @@ def route(logits: torch.Tensor, k: int, capacity_factor: float | None) -> Routin
     expert = top_e.T.reshape(-1)                                       # choice-major: all first choices first
     token = torch.arange(t, device=logits.device).repeat(k)
     weight = weight.T.reshape(-1)
-    cap = t * k if capacity_factor is None else capacity(t, e, k, capacity_factor)
+    if capacity_factor is None:                                        # nothing to drop
+        return Routing(token, expert, weight, 0, probs, t * k)
+    cap = capacity(t, e, k, capacity_factor)
     onehot = nn.functional.one_hot(expert, e)
     position = (onehot.cumsum(0) * onehot).sum(-1) - 1                 # how many went to this expert before
     keep = position < cap
@@ -104,10 +106,10 @@ def experts_of(rank: int, n_experts: int, p: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-def _exchange(rows: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+def _exchange(rows: torch.Tensor, out_splits: list[int], in_splits: list[int], group=None) -> torch.Tensor:
     """all_to_all_single of rows: in_splits[j] rows to rank j, out_splits[j] rows from rank j (autograd stops here)."""
     out = rows.new_empty(sum(out_splits), *rows.shape[1:])
-    dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits)
+    dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
     return out
 
 
@@ -126,20 +128,21 @@ class ExchangeRows(torch.autograd.Function):
         return _exchange(grad, in_splits, out_splits), None, None
 
 
-def ep_forward(x: torch.Tensor, layer: MoE, exchange=None) -> torch.Tensor:
+def ep_forward(x: torch.Tensor, layer: MoE, exchange=None, group=None) -> torch.Tensor:
     """Expert-parallel MoE (the library copy of notebook 15's cell): this rank's tokens x go to the rank holding
     their expert with all_to_all_single (counts first, then tokens), come back the same way, and are combined.
-    `exchange(rows, out_splits, in_splits)` moves the rows (default: all_to_all_single, which autograd stops at;
-    ExchangeRows.apply to train the experts and the gate)."""
-    move = exchange or _exchange
-    rank, p = dist.get_rank(), dist.get_world_size()
+    `group`: the expert-parallel ranks (default: all of them); the experts are spread over this group only.
+    `exchange(rows, out_splits, in_splits)` moves the rows within it (default: all_to_all_single, which autograd
+    stops at; a differentiable exchange, such as ExchangeRows.apply on the whole world, to train the experts)."""
+    move = exchange or (lambda rows, out_splits, in_splits: _exchange(rows, out_splits, in_splits, group))
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
     mine = experts_of(rank, layer.n_experts, p)
     r = layer.route(x)
     order = r.expert.argsort(stable=True)                       # group the assignments by expert, hence by rank
     send = x[r.token[order]]
     per_expert = torch.bincount(r.expert, minlength=layer.n_experts)
     from_each = torch.empty_like(per_expert)
-    dist.all_to_all_single(from_each, per_expert)               # entry (j, e): rows rank j sends to my expert e
+    dist.all_to_all_single(from_each, per_expert, group=group)  # entry (j, e): rows rank j sends to my expert e
     send_splits = per_expert.view(p, -1).sum(1).tolist()
     recv_splits = from_each.view(p, -1).sum(1).tolist()
     recv = move(send, recv_splits, send_splits)                 # dispatch
@@ -190,7 +193,7 @@ def train_router(alpha: float, steps: int = 200, n_experts: int = 8, d: int = 16
 
     held_out, _ = data(4096)
     before = load(held_out)
-    opt = torch.optim.Adam(layer.parameters(), lr=lr)
+    opt = torch.optim.Adam(layer.parameters(), lr=lr, foreach=True)   # one call per step for all tensors: faster
     threads = torch.get_num_threads()
     torch.set_num_threads(1)               # matrices this small only lose time to threads waiting on each other
     try:

@@ -8,8 +8,9 @@ import numpy as np
 
 
 def plot_token_flow(sent, experts_per_rank: int, capacity: int | None = None, dropped=None, title: str = ""):
-    """Left: tokens each source rank (row) sent to each expert (column), columns grouped by the rank holding them;
-    right: tokens each expert received in all, against its capacity per source (x p ranks), and dropped tokens."""
+    """Left: tokens each source rank (row) sent to each expert (column), columns grouped by the rank holding them,
+    a rank's own experts outlined (those rows stay on the rank); right: tokens each expert received in all,
+    against its capacity per source (x p ranks), and dropped tokens."""
     sent = np.asarray(sent)
     p, e = sent.shape
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [1.2, 1]})
@@ -19,11 +20,14 @@ def plot_token_flow(sent, experts_per_rank: int, capacity: int | None = None, dr
                 color="white" if v > sent.max() * 0.6 else "black")
     for b in range(1, p):
         ax.axvline(b * experts_per_rank - 0.5, color="k", lw=1.5)
+    for i in range(p):            # a rank's rows for its own experts: a local copy, no bytes on a link
+        ax.add_patch(plt.Rectangle((i * experts_per_rank - 0.45, i - 0.45), experts_per_rank - 0.1, 0.9,
+                                   fill=False, ec="tab:orange", lw=2.5, ls="--"))
     ax.set_xticks(range(e), [f"e{j}\n(rank {j // experts_per_rank})" for j in range(e)], fontsize=7)
     ax.set_yticks(range(p), [f"rank {i}" for i in range(p)])
     ax.set_xlabel("expert (and the rank holding it)")
     ax.set_ylabel("tokens from")
-    ax.set_title("tokens sent to each expert (kept ones)", fontsize=9)
+    ax.set_title("tokens sent to each expert (kept ones);\ndashed: the rank's own expert, a local copy", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.04)
     total = sent.sum(0)
     bx.bar(range(e), total, color="tab:blue", label="kept")
