@@ -60,6 +60,32 @@ def test_14_1_refuses_to_run_with_the_library_formula():
         assert "SwitchedOff" not in str(e.value) and "Hint:" in str(e.value)
 
 
+def test_14_1_refuses_the_librarys_clock_as_a_road_to_the_formula():
+    """The schedules built and timed by the library's simulate: the right numbers, the formula by another road."""
+    from course_lib.training.pipeline import simulate
+
+    def times_gpipe(p, target):
+        m = 1
+        while True:
+            orders = [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
+            span = max(e for r in simulate(orders) for *_, e in r)
+            if (span - 3 * m) / span <= target:
+                return m
+            m += 1
+
+    with pytest.raises(ExerciseFailed, match=r"Exercise 14.1 .* is about the bubble formula; .*switched off"):
+        check_min_microbatches(times_gpipe)
+
+
+def test_14_1_accepts_numpys_integers_and_refuses_a_float(capsys):
+    import numpy as np
+
+    check_min_microbatches(lambda p, t: np.int64(_loop(p, t)))
+    assert "✓ Exercise 14.1" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match=r"you returned 1.0; a number of micro-batches is an integer"):
+        check_min_microbatches(lambda p, t: float(_loop(p, t)))
+
+
 def test_14_2_a_switched_off_order_is_the_exercises_failure():
     from course_lib.training.pipeline import one_f_one_b_order
 

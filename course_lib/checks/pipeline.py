@@ -7,6 +7,7 @@ code runs, the library's schedules that hold an answer are switched off (switch_
 
 from __future__ import annotations
 
+import numbers
 from contextlib import contextmanager
 from fractions import Fraction
 
@@ -55,12 +56,15 @@ def _float_tie(p: int, m: int, target: float) -> bool:
 
 def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (micro-batches for a bubble)") -> None:
     """`min_microbatches(p, target)` -> the smallest m whose bubble (p-1)/(m+p-1) is at most `target`; checked on
-    p = 1..12 and targets from 0.9 down to 0.01, against the schedule replayed on the ideal clock."""
+    p = 1..12 and targets from 0.9 down to 0.01, against the schedule replayed on the ideal clock. The library's
+    formula and its clock (bubble_formula, simulated_bubble, simulate) are off while the learner's code runs."""
     hint = ("How does the bubble (p-1)/(m+p-1) change as m grows? Check the bubble of your answer and of one "
             "micro-batch less.")
     cases = [(p, t) for p in range(1, 13) for t in (0.9, 0.5, 0.33, 0.25, 0.2, 0.1, 0.07, 0.05, 0.01)]
+    # simulate too: building the schedules and timing them on the library's clock is the formula by another road
     with _refusals_fail(exercise, hint), _switched_off(exercise, "the bubble formula",
-                                                      library=[f"{PIPE}.bubble_formula", f"{PIPE}.simulated_bubble"]):
+                                                      library=[f"{PIPE}.bubble_formula", f"{PIPE}.simulated_bubble",
+                                                               f"{PIPE}.simulate"]):
         try:
             answers = [min_microbatches(p, t) for p, t in cases]
         except NotImplementedError as e:
@@ -71,9 +75,10 @@ def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (mic
             raise ExerciseFailed(f"{exercise}: your function raised {type(e).__name__}: {e}\nHint: {hint}") from None
     for (p, t), got in zip(cases, answers):
         want = _smallest_m(p, t)
-        if not isinstance(got, int) or isinstance(got, bool):
+        if not isinstance(got, numbers.Integral) or isinstance(got, bool):     # numpy's integers are Integral too
             raise ExerciseFailed(f"{exercise}: p={p}, target {t}: you returned {got!r}; a number of micro-batches is "
-                                 f"an int (math.ceil, or a loop).\nHint: {hint}")
+                                 f"an integer (math.ceil, or a loop).\nHint: {hint}")
+        got = int(got)
         if got != want and not (got == want + 1 and _float_tie(p, want, t)):
             shown = "; ".join(f"m={k}: {float(pl.bubble_formula(p, k)):.4f}" for k in sorted({got - 1, got, want})
                               if k >= 1)

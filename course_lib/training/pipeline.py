@@ -134,15 +134,17 @@ class Stage(nn.Module):
         return _BackwardStart.apply(out, self)
 
 
-def make_stage(p: int, rank: int, layers: int = 8, hidden: int = 256, fwd_s: float = 0.0, meter=None) -> Stage:
-    """Rank `rank`'s stage of make_deep_mlp cut into p: every rank builds the same model (same seed), keeps its part."""
+def make_stage(p: int, rank: int, layers: int = 8, hidden: int = 256, fwd_s: float = 0.0, meter=None,
+               groups=None) -> Stage:
+    """Rank `rank`'s stage of make_deep_mlp cut into p: every rank builds the same model (same seed), keeps its part.
+    `groups()` makes the stage's two process groups, (forward, backward); notebook 14 writes it in a cell."""
     model = make_deep_mlp(layers, hidden)
     start, end = stage_bounds(model, p)[rank]
     stage = Stage(nn.Sequential(*list(model)[start:end]), fwd_s, meter)
     # One process group per direction (every rank calls new_group, in the same order): NCCL runs a group's
     # sends and receives in issue order on its own stream, so activations going forward must not wait behind
     # gradients coming back, or two stages that send to each other wait for ever (notebook 04, section 6).
-    stage.fwd, stage.bwd = dist.new_group(), dist.new_group()
+    stage.fwd, stage.bwd = groups() if groups is not None else (dist.new_group(), dist.new_group())
     return stage
 
 
@@ -213,14 +215,15 @@ def microbatches(data, step: int, batch: int, m: int) -> tuple[list, list]:
 
 
 def train_stage(step_fn, steps: int = 3, m: int = 4, batch: int = 32, lr: float = 0.1, layers: int = 8,
-                hidden: int = 256, fwd_s: float = 0.0, record: bool = False, data=None) -> dict:
+                hidden: int = 256, fwd_s: float = 0.0, record: bool = False, data=None, groups=None) -> dict:
     """On every rank: its stage trained with SGD, each step's gradients from `step_fn(stage, xs, ys, m)` (one
     pipeline step with send/recv; returns the last stage's micro-batch losses). With `record`, the last step runs
     under a Timeline; every step under an ActivationMeter: the peak bytes kept for backward, one micro-batch's.
-    `data`: the digits (x, y) if the caller has them already (parsing them costs every rank a moment)."""
+    `data`: the digits (x, y) if the caller has them already (parsing them costs every rank a moment); `groups`:
+    make_stage's maker of the (forward, backward) process groups."""
     rank, p = dist.get_rank(), dist.get_world_size()
     meter = ActivationMeter()
-    stage = make_stage(p, rank, layers, hidden, fwd_s, meter).to(device())
+    stage = make_stage(p, rank, layers, hidden, fwd_s, meter, groups).to(device())
     data, losses, events = data or load_digits(), [], []
     for step in range(steps):
         xs, ys = microbatches(data, step, batch, m)
