@@ -13,6 +13,21 @@ def test_command_targets_a_real_head_node_or_this_machine():
     assert "--rdzv-conf=is_host=1" in here
     assert "--rdzv-conf=is_host=0" in torchrun.command("course_lib.labs.hello", nnodes=2, node_rank=1, port=1234)
     assert real[-2:] == ["-m", "course_lib.labs.hello"]
+    # every real node runs the same line: c10d ignores --node-rank, and the defaults need not be spelled out
+    assert real == torchrun.command("course_lib.labs.hello", nproc=4, nnodes=2, node_rank=0, port=29400, host="node001")
+    assert not any(a.startswith(("--node-rank", "--monitor-interval", "--max-restarts")) for a in real)
+    assert "--max-restarts=3" in torchrun.command("m", nnodes=2, max_restarts=3, host="node001")
+
+
+def test_a_script_runs_as_a_path_and_sees_only_its_nodes_gpus(monkeypatch):
+    cmd = torchrun.command("exported/hello_worker.py", nnodes=2, node_rank=1, port=1234)
+    assert cmd[-1] == "exported/hello_worker.py" and "-m" not in cmd[3:]
+    # a plain script knows only CUDA: its node's share of this machine's GPUs goes in CUDA_VISIBLE_DEVICES,
+    # renamed through the GPUs this process itself is allowed to see
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert torchrun._visible("2,3") == "2,3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert torchrun._visible("2,3") == "6,7" and torchrun._visible("") == ""
 
 
 def test_torchrun_lines_shown_to_a_learner_carry_no_path_of_this_machine():

@@ -31,6 +31,21 @@ def _gpus() -> list[str]:
     return out
 
 
+def nccl_version() -> str | None:
+    """The NCCL this torch build carries (torch.cuda.nccl.version()), None without one. Nodes of one job must agree
+    on it, and NCCL_DEBUG=INFO prints its "NCCL version" line from rank 0 only, so doctor says it on every node."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_nccl_available():
+        return None
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return ".".join(map(str, version[:3])) + (f"+{version[3]}" if len(version) > 3 else "")
+
+
 def what_runs_here(gpus: int, most_ranks: int | None) -> list[str]:
     """Which lessons this machine runs: gloo ones everywhere, NCCL ones with one GPU per rank."""
     host = next((name for var, name in HOSTS if var in os.environ), None)
@@ -138,7 +153,10 @@ def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
     hip = getattr(torch.version, "hip", None)
     build = f"CUDA {cuda} build" if cuda else ("ROCm build" if hip else "CPU-only build")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    have = ", ".join(f"{b} {'yes' if backend_available(b) else 'no'}" for b in ("gloo", "nccl", "mpi"))
+    nccl = nccl_version()
+    version = {"nccl": f" (NCCL {nccl})" if nccl else ""}
+    have = ", ".join(f"{b} {'yes' if backend_available(b) else 'no'}{version.get(b, '')}"
+                     for b in ("gloo", "nccl", "mpi"))
     gpus = _gpus()
     lines = [
         "course_lib doctor",

@@ -31,7 +31,7 @@ class Env:
     world_size: int
     local_world_size: int
     group_rank: int  # the node's rank: torchrun's --node-rank with static rendezvous; with c10d the order of the
-    # sorted node descriptors (host address or FQDN, agent pid, ...: dynamic_rendezvous), so do not assume it
+    # sorted node descriptors (--local-addr or else the host's FQDN, then the agent's pid: dynamic_rendezvous)
     master_addr: str
     master_port: int
     restart: int  # how many times this node's agent has restarted its workers
@@ -66,8 +66,11 @@ def choose(local_rank: int, local_world_size: int, backend: str = "auto") -> tup
     """NCCL when this node has a GPU for each of its workers, worker LOCAL_RANK on the node's GPU number LOCAL_RANK
     (devices.node_gpu: cuda:LOCAL_RANK, or the node's own list in LAB_GPUS when "nodes" share a machine); else gloo."""
     if backend == "auto":
-        # Decided from the node's worker count, not this rank's index: every rank must pick the same backend
-        # (3 workers on 2 GPUs would otherwise give NCCL to ranks 0-1 and gloo to rank 2).
+        # Decided from the node's worker count, not this rank's index, so the ranks of one node agree (3 workers
+        # on 2 GPUs would otherwise give NCCL to ranks 0-1 and gloo to rank 2). Across nodes nothing here makes
+        # them agree: every node must have a GPU for each of its workers, or none may use them (one torchrun with
+        # 2 workers on 2 GPUs and one with 1 worker on none would mix NCCL and gloo in one group, which cannot
+        # start). Nodes sharing one machine get their own GPUs, or none, from LAB_GPUS (torchrun.split_gpus).
         enough = dist.is_nccl_available() and len(node_gpus()) >= local_world_size
         backend = "nccl" if enough else "gloo"
     if backend == "nccl":

@@ -1,8 +1,8 @@
 """Hello across nodes: every rank says where it runs and checks one all-reduce against n(n+1)/2 (notebook 17).
 
     torchrun --nproc-per-node=2 -m course_lib.labs.hello
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\
-        -m course_lib.labs.hello                                  # and --node-rank=1 on the second node
+    torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\
+        -m course_lib.labs.hello                                  # the same line on every node
 """
 
 from __future__ import annotations

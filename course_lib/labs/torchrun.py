@@ -28,7 +28,8 @@ class Finished:
     returncode: int | None  # None: stopped by us when the time bound ran out
     output: str  # stdout and stderr together, as a terminal would show them
     seconds: float
-    gpus: str | None = None  # the node's LAB_GPUS ("" = none: gloo); None = every GPU of the machine (one node)
+    gpus: str | None = None  # the node's GPUs ("" = none: gloo); None = every GPU of the machine (one node)
+    command: tuple[str, ...] = ()  # what was started, as command() built it
 
     @property
     def timed_out(self) -> bool:
@@ -44,15 +45,23 @@ def free_port() -> int:
 
 def command(module: str, args=(), nproc: int = 2, nnodes: int = 1, node_rank: int = 0, port: int = 29400,
             max_restarts: int = 0, host: str = "127.0.0.1") -> list[str]:
-    """The torchrun command line for one node, with c10d rendezvous on host:port (notebook 17). On 127.0.0.1 the
-    "nodes" share this machine; any other host is a real head node that every node must reach."""
+    """The torchrun command line for one node, with c10d rendezvous on host:port (notebook 17). `module` is a module
+    (python -m) or, ending in .py, a script. On 127.0.0.1 the "nodes" share this machine; any other host is a real
+    head node that every node must reach, and every node runs the same line."""
     here = host in ("127.0.0.1", "localhost")
-    # Several "nodes" of one machine: node 0 hosts the store (else each may try) and all advertise loopback. Real
-    # nodes need neither: torchrun finds the host by name and advertises each node's own address.
-    same_machine = [f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}", "--local-addr=127.0.0.1"] if here else []
+    program = [module] if module.endswith(".py") else ["-m", module]
+    if not here:
+        # c10d ranks the nodes itself (torch's run.py: "node_rank is only used for static rdzv_backend"), the head's
+        # torchrun recognises its own name in the endpoint, and each node advertises its own address.
+        restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", *restarts, *program, *map(str, args)]
+    # Several "nodes" of one machine all advertise loopback, and each would try to host the store: node_rank 0's
+    # torchrun hosts it (is_host), the only thing node_rank decides under c10d.
+    same_machine = [f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}", "--local-addr=127.0.0.1"]
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
             f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", *same_machine,
-            f"--max-restarts={max_restarts}", "--monitor-interval=0.1", "-m", module, *map(str, args)]
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *program, *map(str, args)]
 
 
 def environment(extra: dict | None = None) -> dict:
@@ -76,10 +85,10 @@ def _lifeline():
     return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def _start(cmd: list[str], env: dict) -> subprocess.Popen:
+def _start(cmd: list[str], env: dict, cwd: str = REPO) -> subprocess.Popen:
     # A session of its own, so ending it never touches the kernel's group; its workers have sessions of their own
     # (torch's SubprocessHandler), which runtime.ending.end_tree finds under it.
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                          start_new_session=True, preexec_fn=_lifeline())
     os.set_blocking(p.stdout.fileno(), False)
     return p
@@ -160,22 +169,36 @@ def split_gpus(nnodes: int, nproc: int, gpus: int | None = None) -> NodeGPUs:
                                     "'Duplicate GPU detected'), so every node runs gloo on the CPU")
 
 
+def _visible(share: str) -> str:
+    """A node's share of this machine's GPUs (indexes as this process sees them) as CUDA_VISIBLE_DEVICES."""
+    seen = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        return share
+    return ",".join(seen[int(g)] for g in share.split(",") if g)
+
+
 def run_nodes(module: str, args=(), nnodes: int = 1, nproc: int = 2, timeout: float = 60.0, max_restarts: int = 0,
               env: dict | None = None) -> list[Finished]:
     """Run `nnodes` torchrun "nodes" of `nproc` workers each on this machine, all within `timeout` seconds; each
-    node's GPUs as split_gpus gives them (unless `env` sets LAB_GPUS itself)."""
+    node's GPUs as split_gpus gives them (unless `env` sets them itself). A course module reads its node's GPUs
+    from LAB_GPUS; a script (`module` ending in .py, run from the current folder) knows only CUDA, so its node sees
+    just its own GPUs through CUDA_VISIBLE_DEVICES, as on separate machines, and cuda:LOCAL_RANK is its own."""
     plan = split_gpus(nnodes, nproc)
-    envs = [environment({**({} if g is None else {LAB_GPUS: g}), **(env or {})}) for g in plan.per_node]
+    script = module.endswith(".py")
+    key = "CUDA_VISIBLE_DEVICES" if script else LAB_GPUS
+    envs = [environment({**({} if g is None else {key: _visible(g) if script else g}), **(env or {})})
+            for g in plan.per_node]
+    cwd = os.getcwd() if script else REPO
     for attempt in range(3):
         port, t0 = free_port(), time.monotonic()
-        procs = [_start(command(module, args, nproc, nnodes, i, port, max_restarts), envs[i]) for i in range(nnodes)]
-        results = _watch(procs, timeout, t0)
+        cmds = [command(module, args, nproc, nnodes, i, port, max_restarts) for i in range(nnodes)]
+        results = _watch([_start(c, e, cwd) for c, e in zip(cmds, envs)], timeout, t0)
         if attempt < 2 and any("EADDRINUSE" in r.output or "address already in use" in r.output.lower()
                                for r in results if r.returncode):
             continue  # someone took the free port first: a new port, a new try
         break
-    for r, e in zip(results, envs):
-        r.gpus = e.get(LAB_GPUS)
+    for r, e, c in zip(results, envs, cmds):
+        r.gpus, r.command = e.get(key), tuple(c)
     return results
 
 
