@@ -1,6 +1,6 @@
-"""Checkers for the exercises that estimate a number from the course's tables and formulas (notebooks 01, 07, 16;
-notebook 02's are in cluster.py): the expected value is computed here from data/ and course_lib's formulas, never
-written in a check cell.
+"""Checkers for the exercises that estimate a number from the course's tables and formulas (notebooks 07, 16;
+notebook 01's are in walls.py, notebook 02's in cluster.py): the expected value is computed here from data/ and
+course_lib's formulas, never written in a check cell.
 
 A wrong answer gets what was given and a hint at the method, not the number.
 """
@@ -8,7 +8,6 @@ A wrong answer gets what was given and a hint at the method, not the number.
 from __future__ import annotations
 
 import math
-import numbers
 
 from ..bench.collectives import FACTORS
 from ..costs import alpha_beta
@@ -20,87 +19,6 @@ def _number(exercise, got, what):
     if isinstance(got, bool) or not isinstance(got, (int, float)):
         raise ExerciseFailed(f"{exercise}: return {what} as a number; you returned {got!r}.")
     return got
-
-
-# ---------------------------------------------------------------- notebook 01
-def check_largest_model_on_a_server(largest_model, exercise: str = "Exercise 1.1") -> None:
-    """The most parameters whose mixed-precision Adam state (16 bytes each, the ZeRO paper) fits on one server of 8
-    H100 SXM 80GB, nothing else on the cards. The card's capacity is its real one: nvidia-smi's 81559 MiB
-    (hw.memory_bytes) or the 80 GiB of its name (0.4% apart, both within the 1% allowed); 80e9 bytes is not."""
-    hint = ("How many bytes per parameter does mixed-precision Adam keep (the ZeRO paper counts them), and how many "
-            "bytes do eight cards really hold: what does nvidia-smi say an '80 GB' card has?")
-    got = _number(exercise, call_learner(exercise, largest_model, hint=hint), "the number of parameters")
-    per_param = hw.training_state_bytes(1, "mixed")["total"]
-    want = 8 * hw.memory_bytes(hw.row("accelerators", "H100 SXM 80GB")) / per_param
-    if not math.isclose(got, want, rel_tol=0.01):
-        raise ExerciseFailed(with_hint(f"{exercise}: you said {got:.4g} parameters; that is not the largest state "
-                                       "that eight such cards hold.", hint))
-    return passed(exercise, f"{got / 1e9:.1f} billion parameters")
-
-
-def check_bloom_mfu(bloom_mfu, exercise: str = "Exercise 1.2") -> None:
-    """The MFU BLOOM-176B averaged over its whole run: 6·N·D over its reported GPU-hours, as a fraction of its
-    A100 80GB's bf16 peak (data/training_runs.csv, data/accelerators.csv)."""
-    hint = ("How many FLOPs did the run need, how many GPU-seconds did it report, and what does one GPU do per second "
-            "at its peak? Is the ~150 TFLOP/s the run reported an average over the whole run, and does it count only "
-            "6·N·D?")
-    got = _number(exercise, call_learner(exercise, bloom_mfu, hint=hint), "the fraction")
-    b = hw.row("training_runs", "BLOOM-176B")
-    peak = hw.row("accelerators", b["gpu_type"])["bf16_dense_TFLOPS"] * 1e12
-    want = hw.training_flops(b["params"], b["tokens"]) / (b["gpu_hours"] * 3600) / peak
-    if not math.isclose(got, want, rel_tol=0.01):     # 1%: rounding the inputs, not a different formula
-        raise ExerciseFailed(with_hint(f"{exercise}: you said {got:.3g}; that is not 6·N·D over BLOOM's reported "
-                                       "GPU-hours, as a fraction of the peak.", hint))
-    return passed(exercise, f"an MFU of {got:.1%} averaged over the whole run")
-
-
-# LLaMA's recipe: 4M tokens per step of 2048-token sequences (Touvron et al. 2023, table 2) = 2048 sequences.
-GLOBAL_BATCH = 2048
-MIN_RATIO = 0.85
-# hw.scaling(..., global_batch=...) splits the fixed batch over p GPUs for you: the very step exercise 1.3 asks for.
-_STRONG_SCALING = ("course_lib.costs.hardware.scaling",)
-
-
-def _at_fixed_batch(speed_setup, p: int) -> tuple[float, float]:
-    """(speedup ratio, seconds per step) of LLaMA-7B on p GPUs over Ethernet 100 GbE, GLOBAL_BATCH / p sequences
-    each."""
-    setup = speed_setup("LLaMA-7B", "Ethernet 100 GbE", GLOBAL_BATCH // p)
-    r = hw.data_parallel_speed(p, *setup)
-    return r["speedup_ratio"], setup[0] + r["comm_s"]
-
-
-def check_gpus_at_fixed_batch(exercise_1_3, speed_setup, exercise: str = "Exercise 1.3") -> None:
-    """Largest power-of-two number of GPUs p for LLaMA-7B over Ethernet 100 GbE, the global batch fixed at 2048
-    sequences (2048 / p per GPU), whose speedup ratio stays at 0.85 or more, and the seconds one step then takes;
-    judged with the notebook's own speed_setup (the lesson's compute rate and link figures). hw.scaling is switched
-    off while the learner's function runs (it splits the global batch itself); speed_setup and hw.data_parallel_speed
-    stay allowed."""
-    hint = ("With the global batch fixed, what happens to each GPU's share of the compute as p grows, and to the "
-            "all-reduce's time? Which of the two does the speedup ratio compare, and where does it fall below 0.85? "
-            "speed_setup and hw.data_parallel_speed are allowed.")
-    got = call_learner(exercise, exercise_1_3, hint=hint, library=_STRONG_SCALING,
-                       why="splitting a fixed global batch over p GPUs (use speed_setup and hw.data_parallel_speed)")
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        raise ExerciseFailed(f"{exercise}: return two numbers, (GPUs, seconds per step); you returned {got!r}.")
-    p, step = got
-    if not isinstance(p, bool) and isinstance(p, numbers.Real) and float(p).is_integer():
-        p = int(p)                          # 64, np.int64(64) and 64.0 are all 64 GPUs
-    power_of_two = isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= GLOBAL_BATCH and p & (p - 1) == 0
-    if not power_of_two:
-        raise ExerciseFailed(with_hint(f"{exercise}: {p!r} GPUs does not split 2048 sequences evenly; give a power of "
-                                       "two from 1 to 2048.", hint))
-    ok = _at_fixed_batch(speed_setup, p)[0] >= MIN_RATIO
-    if not ok or (p < GLOBAL_BATCH and _at_fixed_batch(speed_setup, 2 * p)[0] >= MIN_RATIO):
-        raise ExerciseFailed(with_hint(f"{exercise}: {p} GPUs is not the largest power of two that keeps the speedup "
-                                       "ratio at 0.85 or more with 2048 sequences per step.", hint))
-    step = _number(exercise, step, "the seconds per step")
-    # 1%: rounding the inputs (a step read off a printed table), not a different formula; a step without its
-    # all-reduce is 11% short at 64 GPUs
-    if not math.isclose(step, _at_fixed_batch(speed_setup, p)[1], rel_tol=0.01):
-        raise ExerciseFailed(with_hint(f"{exercise}: {p} GPUs is right, but {step:.3g} s is not one step's compute "
-                                       f"of {GLOBAL_BATCH // p} sequences plus its all-reduce.", hint))
-    return passed(exercise, f"{p} GPUs, {GLOBAL_BATCH // p} sequences each, {step:.1f} s per step: the global batch is "
-                            f"still {GLOBAL_BATCH} sequences")
 
 
 # ---------------------------------------------------------------- notebook 07
@@ -204,17 +122,6 @@ def _per_gpu_day() -> float:
     return llama["interruptions_unexpected"] / llama["days"] / llama["accelerators"]
 
 
-def check_interruptions_per_day(interruptions_per_day, exercise: str = "Exercise 16.1") -> None:
-    """Expected unexpected interruptions per day on n GPUs at Llama 3's per-GPU rate (data/failure_rates.csv)."""
-    hint = ("Over how many days and how many GPUs did Llama 3 count its unexpected interruptions, and how does the "
-            "rate grow with the number of GPUs?")
-    for n in (1, 1024, 16384, 100_000):
-        got = _number(exercise, call_learner(exercise, interruptions_per_day, n, hint=hint), "a rate")
-        if not math.isclose(got, n * _per_gpu_day(), rel_tol=1e-9):
-            raise ExerciseFailed(with_hint(f"{exercise}: for {n} GPUs you said {got:.4g} per day.", hint))
-    return passed(exercise, "right for 1 to 100,000 GPUs")
-
-
 def _max_save_s(gpus: int, restart_s: float, waste: float) -> float:
     """The longest save C with C/T + T/(2M) + R/M <= waste at Young's T = sqrt(2CM) (CACM 17(9), 1974): there the
     two terms are equal, sqrt(C/(2M)) each, so sqrt(2C/M) <= waste - R/M; 0 when R/M alone exceeds the budget."""
@@ -223,19 +130,29 @@ def _max_save_s(gpus: int, restart_s: float, waste: float) -> float:
     return mtbf_s * left * left / 2 if left > 0 else 0.0
 
 
+# The learner's function may not call the checker's own answer (one import away).
+_MAX_SAVE_ANSWER = ("course_lib.checks.estimates._max_save_s",)
+
+
 def check_max_save_s(max_save_s, exercise: str = "Exercise 16.2") -> None:
     """The longest checkpoint save, in seconds, that keeps what a job on n GPUs loses (saves, work redone, restarts)
     within a budget when it checkpoints at Young's interval, at Llama 3's rate per GPU (data/failure_rates.csv)."""
     hint = ("What is the mean time M between interruptions of that many GPUs, in seconds? What do the two terms "
             "C/T + T/(2M) add up to at Young's T = sqrt(2CM), and what is left of the budget once every "
-            "interruption has paid its restart? If exercise 16.1 is wrong, fix it first.")
+            "interruption has paid its restart?")
     for gpus, restart_s, waste in ((16384, 600, 0.1), (1024, 300, 0.05), (100_000, 60, 0.1), (8, 3600, 0.01),
                                    (100_000, 600, 0.1)):
-        got = _number(exercise, call_learner(exercise, max_save_s, gpus, restart_s, waste, hint=hint), "seconds")
+        got = _number(exercise, call_learner(exercise, max_save_s, gpus, restart_s, waste, hint=hint,
+                                             library=_MAX_SAVE_ANSWER, why="solving Young's waste for C"),
+                      "seconds")
         want = _max_save_s(gpus, restart_s, waste)
-        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+        # 1e-4: the closed form, a bisection or a search to four digits pass; Daly's interval sqrt(2C(M+R)) in place
+        # of Young's is 7e-4 off at 16,384 GPUs, and a wrong model is off by 10% and more
+        if not math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-9):
             why = " (can a save take less than no time?)" if got < 0 else ""
+            close = (" That is close, within 1%: how precise is your search or rounding, and is T Young's sqrt(2CM)?"
+                     if want and math.isclose(got, want, rel_tol=0.01) else "")
             raise ExerciseFailed(with_hint(f"{exercise}: {gpus} GPUs, {restart_s} s per restart, at most "
-                                           f"{waste:.0%} lost: you said {got:.4g} s{why}.", hint))
+                                           f"{waste:.0%} lost: you said {got:.6g} s{why}.{close}", hint))
     return passed(exercise, f"a 16,384-GPU job with 10-minute restarts keeps 90% if a save takes at most "
                             f"{max_save_s(16384, 600, 0.1):.0f} s")

@@ -103,22 +103,26 @@ def training_state_bytes(n_params: float, precision: str = "mixed") -> dict:
     return out
 
 
-def activation_bytes(layers: int, hidden: int, seq_len: int, micro_batch: int, heads: int) -> float:
-    """Activations kept for the backward pass of a GPT-style transformer in 16-bit, no recomputation, one GPU.
+def activation_bytes(layers: int, hidden: int, seq_len: int, micro_batch: int, heads: int,
+                     recompute: str = "none") -> float:
+    """Activations kept for the backward pass of a GPT-style transformer in 16-bit, one GPU, no model parallelism.
 
-    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1):
-    s b h (34 + 5 a s / h) bytes per layer.
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", table 2 with t = 1, per
+    layer: "none" keeps s b h (34 + 5 a s / h) bytes (eq. 1); "selective" recomputes attention's a s^2 b-sized tensors
+    and keeps 34 s b h (section 5); "full" keeps each layer's input, 2 s b h, and reruns its forward pass (lesson 14b).
     """
     s, b, h, a = seq_len, micro_batch, hidden, heads
-    return layers * s * b * h * (34 + 5 * a * s / h)
+    per_sbh = {"none": 34 + 5 * a * s / h, "selective": 34, "full": 2}[recompute]
+    return layers * s * b * h * per_sbh
 
 
 def memory_bytes(gpu: dict | str) -> int:
     """Bytes of memory of one accelerator (a row of data/accelerators.csv, or its name).
 
     The total nvidia-smi reports (memory_MiB_nvidia_smi) where the table has it: A100 80GB 81920 MiB = 85.9e9 bytes,
-    H100 SXM 81559 MiB = 85.5e9 bytes. Otherwise the size in the product's name, which NVIDIA counts in GiB (2**30
-    bytes), not in GB: memory_GB x 2**30.
+    H100 SXM 81559 MiB = 85.5e9 bytes. Otherwise the name's size read as GiB, memory_GB x 2**30: an estimate (exact
+    for the A100, 0.4% above nvidia-smi on the H100). A program gets a little less: the driver reserves part of the
+    total (454 MiB of an H100's, nvidia-smi -q; the H100 row's note).
     """
     gpu = row("accelerators", gpu) if isinstance(gpu, str) else gpu
     if gpu.get("memory_MiB_nvidia_smi"):
@@ -162,7 +166,7 @@ def llama_gpu_hours_check(reference: str = "LLaMA-65B") -> list[dict]:
 
     The per-GPU FLOP/s comes from the reference run's tokens/s/GPU (6 N x tokens/s); the other sizes reuse it,
     i.e. assume the same achieved FLOP/s per A100. error = predicted / published - 1; the reference row is marked
-    used_to_fit (it matches by construction), the others are the test of the model.
+    used_to_fit (its own rate is the input, so its agreement is no test), the others are the test of the model.
     """
     runs = [r for r in training_runs() if r["name"].startswith("LLaMA")]
     ref = next(r for r in runs if r["name"] == reference)
@@ -171,7 +175,6 @@ def llama_gpu_hours_check(reference: str = "LLaMA-65B") -> list[dict]:
     out = []
     for r in runs:
         predicted = gpu_hours(training_flops(r["params"], r["tokens"]), rate)
-        # The reference run's own rate went into the prediction: its agreement is by construction, not a test.
         out.append({"name": r["name"], "flops": training_flops(r["params"], r["tokens"]),
                     "published_gpu_hours": r["gpu_hours"], "predicted_gpu_hours": predicted,
                     "error": predicted / r["gpu_hours"] - 1, "achieved_TFLOPS": rate / 1e12, "mfu": rate / peak,

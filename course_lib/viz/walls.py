@@ -101,18 +101,20 @@ def seconds_bars(items: dict, title: str, xlabel: str = "seconds (log scale)", h
     return fig
 
 
-def scaling_plot(weak: list[dict], strong: list[dict], batch_limit: float | None = None,
+def scaling_plot(curves: list[tuple], batch_limit: float | None = None,
                  title: str = "data parallelism: weak vs strong scaling"):
-    """Speed-up over one device (left) and parallel efficiency (right) against devices, for weak-scaling rows
-    (a fixed batch per device) and strong-scaling rows (a fixed global batch), from costs.hardware.scaling."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.3), dpi=100)
-    ps = [c["devices"] for c in weak]
-    a1.plot(ps, ps, "k--", lw=1, label="ideal")
-    for rows, name, color in ((weak, "weak: fixed batch per GPU", "#4c72b0"),
-                              (strong, "strong: fixed global batch", "#c44e52")):
+    """Speed-up over one device (left) and parallel efficiency (right) against devices, one line per
+    (label, rows, color, linestyle) in curves; rows from costs.hardware.scaling (weak scaling: a fixed batch per
+    device; strong: a fixed global batch), points where a device would get less than one sequence left out. The
+    legend sits in the left panel's empty upper-left corner."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=100)
+    ps = sorted({c["devices"] for _, rows, _, _ in curves for c in rows})
+    a1.plot(ps, ps, "k:", lw=1, label="ideal: speed-up = devices")
+    for label, rows, color, style in curves:
         ok = [c for c in rows if c.get("fits", True)]
-        a1.plot([c["devices"] for c in ok], [c["speedup"] for c in ok], "o-", color=color, ms=4, label=name)
-        a2.plot([c["devices"] for c in ok], [c["efficiency"] for c in ok], "o-", color=color, ms=4, label=name)
+        a1.plot([c["devices"] for c in ok], [c["speedup"] for c in ok], marker="o", ls=style, color=color, ms=3.5,
+                label=label)
+        a2.plot([c["devices"] for c in ok], [c["efficiency"] for c in ok], marker="o", ls=style, color=color, ms=3.5)
     ticks = [p for p in ps if p in (1, 4, 16, 64, 256, 1024, 4096)]
     for ax in (a1, a2):
         ax.set_xscale("log", base=2)
@@ -126,9 +128,9 @@ def scaling_plot(weak: list[dict], strong: list[dict], batch_limit: float | None
         a2.text(batch_limit, 0.03, "one sequence\nper GPU ", fontsize=7, color="grey", va="bottom", ha="right")
     a1.set_yscale("log")
     a1.set_ylabel("speed-up over one device")
-    a1.legend(fontsize=7)
     a2.set_ylim(0, 1.05)
     a2.set_ylabel("efficiency = speed-up / devices")
+    a1.legend(fontsize=7, loc="upper left", frameon=False, handlelength=3)   # above the diagonal: no data there
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
