@@ -184,6 +184,12 @@ WHOLE = GOOD.replace("""        elif src < rank:
             kp = positions(src, p, p * len(q), "zigzag").to(q.device)
             qp = positions(rank, p, p * len(q), "zigzag").to(q.device)
             fold(slice(None), (q @ K.T * scale).masked_fill(kp[None, :] > qp[:, None], float("-inf")), V)""")
+# the whole block of scores computed, then only the visible half folded in: right numbers, 1.5 times the products
+SLICE_AFTER = GOOD.replace("fold(slice(None), q @ K[:h].T * scale, V[:h])",
+                           "fold(slice(None), (q @ K.T * scale)[:, :h], V[:h])") \
+                  .replace("fold(slice(h, None), q[h:] @ K.T * scale, V)", "fold(slice(h, None), (q @ K.T * scale)[h:], V)")
+# every whole block masked, its scores one row at a time (matrix x vector): twice the work, hidden from mm counts
+ROWS = WHOLE.replace("(q @ K.T * scale)", "(torch.stack([K @ row for row in q]) * scale)")
 # scores as a broadcast product: a (queries x keys x d) tensor, d times a block of scores
 BROADCAST = GOOD.replace("fold(slice(None), q @ K[:h].T * scale, V[:h])",
                          "fold(slice(None), (q[:, None, :] * K[None, :h]).sum(-1) * scale, V[:h])")
@@ -351,6 +357,10 @@ def test_ring_checker_refuses_the_shortcut_and_wrong_results():
 def test_ring_checker_refuses_a_wrong_method_with_the_right_numbers():
     with pytest.raises(ExerciseFailed, match=r"did 576 multiply-adds; .* need 432 \(whole blocks, masked: 576"):
         _check(WHOLE)
+    with pytest.raises(ExerciseFailed, match=r"did 504 multiply-adds; .* need 432"):
+        _check(SLICE_AFTER)
+    with pytest.raises(ExerciseFailed, match=r"did \d+ multiply-adds; .* need 432"):
+        _check(ROWS)
     with pytest.raises(ExerciseFailed, match=r"held \d+ bytes at once on 3 ranks and \d+ on 4: 288 more"):
         _check(DEFERRED)
     with pytest.raises(ExerciseFailed, match=r"held \d+ bytes at once on 3 ranks and \d+ on 4: 384 more"):
@@ -375,5 +385,7 @@ def test_largest_tensor_counts_the_multiply_adds_of_matrix_products():
         q @ k.T                                        # mm: 6 x 3 x 4
         torch.einsum("qd,kd->qk", q, k)               # bmm underneath: the same
         torch.nn.functional.scaled_dot_product_attention(q[None], k[None], k[None])   # q k^T and p v: twice
+        k @ q[0]                                       # mv: 3 x 4
+        q[0] @ q[1]                                    # dot: 4
         q * 2                                          # not a product of matrices
-    assert big.macs == 72 + 72 + 144
+    assert big.macs == 72 + 72 + 144 + 12 + 4
