@@ -62,11 +62,18 @@ def grid_local_sync(t, nodes, gpus):  # only the members make each group: allowe
     return row_ranks, gpu, col_ranks, node
 
 
+def grid_ends_in_a_barrier(t, nodes, gpus):  # a barrier moves no data: it stays on
+    out = grid_good(t, nodes, gpus)
+    dist.barrier()
+    return out
+
+
 def test_correct_solutions_pass(capsys):
     check_grid_groups(grid_good)
     check_grid_groups(grid_columns_first_functional, shapes=SMALL)
     check_grid_groups(grid_local_sync, shapes=SMALL)
-    assert capsys.readouterr().out.count("✓ Exercise 3.1 passed") == 3
+    check_grid_groups(grid_ends_in_a_barrier, shapes=ONE)
+    assert capsys.readouterr().out.count("✓ Exercise 3.1 passed") == 4
 
 
 # ------------------------------------------------------------------ (a) shortcuts
@@ -160,6 +167,38 @@ def grid_column_then_row(t, nodes, gpus):  # the same sum, the steps swapped
     dist.all_reduce(t, group=col)
     dist.all_reduce(t, group=row)
     return rows[rank // gpus], dist.get_rank(row), cols[rank % gpus], dist.get_rank(col)
+
+
+def grid_finds_groups(t, nodes, gpus):  # makes no group: looks up groups by their ranks (the reference's, if alive)
+    from torch.distributed.distributed_c10d import _find_pg_by_ranks_and_tag
+
+    rows, cols = _lists(nodes, gpus)
+    rank = dist.get_rank()
+    row = _find_pg_by_ranks_and_tag("", rows[rank // gpus])
+    col = _find_pg_by_ranks_and_tag("", cols[rank % gpus])
+    dist.all_reduce(t, group=row)
+    dist.all_reduce(t, group=col)
+    return rows[rank // gpus], rank % gpus, cols[rank % gpus], rank // gpus
+
+
+def grid_functional_rank_lists(t, nodes, gpus):  # makes no group: the functional collectives' rank-list form
+    import torch.distributed._functional_collectives as fc
+
+    rows, cols = _lists(nodes, gpus)
+    rank = dist.get_rank()
+    t.copy_(fc.all_reduce(t, "sum", rows[rank // gpus]))
+    t.copy_(fc.all_reduce(t, "sum", cols[rank % gpus]))
+    return rows[rank // gpus], rank % gpus, cols[rank % gpus], rank // gpus
+
+
+def test_groups_not_made_by_the_learner_are_refused():
+    # the reference's init_device_mesh groups are destroyed before the learner's code runs, so neither way finds
+    # them: the first falls back to the world group (its sum counts every value twice), the second cannot create a
+    # group without a tag
+    with pytest.raises(ExerciseFailed, match=r"wrong result on rank 0: t must hold the sum"):
+        check_grid_groups(grid_finds_groups, shapes=ONE)
+    with pytest.raises(ExerciseFailed, match=r"your function failed with 2 nodes x 2 GPUs"):
+        check_grid_groups(grid_functional_rank_lists, shapes=ONE)
 
 
 def test_right_numbers_by_a_wrong_method_are_refused():

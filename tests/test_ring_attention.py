@@ -187,7 +187,8 @@ WHOLE = GOOD.replace("""        elif src < rank:
 # the whole block of scores computed, then only the visible half folded in: right numbers, 1.5 times the products
 SLICE_AFTER = GOOD.replace("fold(slice(None), q @ K[:h].T * scale, V[:h])",
                            "fold(slice(None), (q @ K.T * scale)[:, :h], V[:h])") \
-                  .replace("fold(slice(h, None), q[h:] @ K.T * scale, V)", "fold(slice(h, None), (q @ K.T * scale)[h:], V)")
+                  .replace("fold(slice(h, None), q[h:] @ K.T * scale, V)",
+                           "fold(slice(h, None), (q @ K.T * scale)[h:], V)")
 # every whole block masked, its scores one row at a time (matrix x vector): twice the work, hidden from mm counts
 ROWS = WHOLE.replace("(q @ K.T * scale)", "(torch.stack([K @ row for row in q]) * scale)")
 # scores as a broadcast product: a (queries x keys x d) tensor, d times a block of scores

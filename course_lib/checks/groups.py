@@ -1,13 +1,14 @@
 """Checker for notebook 03's exercise 3.1: the row and column groups of a (nodes, gpus_per_node) grid, made by hand.
 
 On 4 and 6 real ranks and several grid shapes, every rank first asks torch for the same groups
-(``init_device_mesh``, before the learner's code runs), then runs the learner's
+(``init_device_mesh``, before the learner's code runs, its groups destroyed at once so that no reference group is
+left to find), then runs the learner's
 ``grid_all_reduce(t, nodes, gpus_per_node)`` on random integers drawn anew for every check, with the shortcuts
 switched off (``init_device_mesh``, ``DeviceMesh``, ``new_subgroups``, ``new_subgroups_by_enumeration``,
 ``split_group``, every collective but all-reduce, the course's own mesh helpers) and every collective's group
 recorded. The kernel then compares what came back with the mesh (members and group ranks), ``t`` with a sum it
 computes itself in one process, and the method: one SUM all-reduce of the whole of ``t`` in the row, then one in
-the column, and groups whose names mean the same members on every rank. torch names a group made by ``new_group``
+the column, on groups whose names mean the same members on every rank. torch names a group made by ``new_group``
 by how many such groups this rank made before (``_process_group_name``, distributed_c10d.py), so a rank that skips
 or reorders a call gives a name to other members than its peers do; ``use_local_synchronization=True`` names a
 group by its ranks instead, so a solution that builds only its own two groups that way passes too (on gloo).
@@ -188,8 +189,11 @@ def _grid_cases(exercise, learner, shapes, first, seed, wait_s):
     rank = dist.get_rank()
     out = []
     for k, (nodes, gpus) in enumerate(shapes):
+        before = set(_world.pg_map)
         want = _mesh_answer(nodes, gpus)
-        dist.barrier()
+        dist.barrier()        # every rank is done connecting the mesh's groups before any is closed
+        for pg in [pg for pg in _world.pg_map if pg not in before]:
+            dist.destroy_process_group(pg)   # no group of the reference is left for the learner's code to find
         print(f"checking {nodes} nodes x {gpus} GPUs", flush=True)   # the last line a rank printed names a hang
         x = _input(seed, first + k, rank).to(device())
         names, count = set(_world.pg_names.values()), _world.group_count
@@ -304,8 +308,8 @@ def check_grid_groups(grid_all_reduce, exercise: str = "Exercise 3.1", shapes=SH
                 raise ExerciseFailed(with_hint(f"{exercise}: {exc.failure.message}", HINT)) from None
             if exc.failure.etype == "CaseFailed":
                 case = exc.failure.message.split(":", 1)[0].removeprefix("with ")
-                how = ("did not finish in time (a deadlock?)" if "Timed out" in exc.failure.message
-                       else "failed")
+                how = ("did not finish in time (a deadlock, or a machine too busy: run the check again)"
+                       if "Timed out" in exc.failure.message else "failed")
                 raise ExerciseFailed(with_hint(f"{exercise}: your function {how} with {case}.\n\n{exc}",
                                                HINT)) from None
             raise explain(exercise, exc, f"{world} ranks", HINT) from None
@@ -318,4 +322,5 @@ def check_grid_groups(grid_all_reduce, exercise: str = "Exercise 3.1", shapes=SH
         first += len(grid)
     passed(exercise, f"grids {', '.join(checked)} on 4 and 6 ranks: every rank's row and column and its rank in "
                      "each equal init_device_mesh's, t holds the sum a single process computes, and each rank ran "
-                     "one all_reduce in its row, then one in its column, on groups every rank named alike.")
+                     "one all_reduce in its row, then one in its column, on groups your function made, named alike on "
+                     "every rank.")

@@ -60,8 +60,9 @@ def _bytes(t: torch.Tensor) -> int:
 
 def _macs(name: str, args) -> int:
     """Multiply-adds of one matrix-product or fused-attention operator (0 for any other): mm (m x k @ k x n) and
-    addmm: m k n; bmm and baddbmm: b m k n; mv and addmv: m k; dot: n; scaled_dot_product_* (batch, heads, L, d): q k^T and p v, 2 L S d per
-    batch and head, whatever the mask (a fused kernel may skip masked tiles; this counts what was asked for)."""
+    addmm: m k n; bmm and baddbmm: b m k n; mv and addmv: m k; dot: n; scaled_dot_product_* (batch, heads, L, d):
+    q k^T and p v, 2 L S d per batch and head, whatever the mask (a fused kernel may skip masked tiles; this counts
+    what was asked for)."""
     if name in ("mm", "addmm", "bmm", "baddbmm"):
         a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
         return a.numel() * b.shape[-1]
