@@ -98,6 +98,26 @@ def _run_cell(ranks, exercise: str, kind: str, hint: str, case: int = 0) -> None
                                        + (f".{lost}" if lost and not said.endswith(".") else lost), hint)) from None
 
 
+# the learner's state on the ranks: the checks set their own cases, then give the learner's values back
+KEPT = ("w", "version", "acc", "seen")
+SAVE = f"_course_kept = {{k: globals()[k] for k in {KEPT!r} if k in globals()}}"
+RESTORE = "globals().update(globals().pop('_course_kept', {}))"
+
+
+def _cases(ranks, run) -> list:
+    """``run()`` (the check's cells) between saving and restoring the learner's state; every rank's results."""
+    ranks.run_cell(f"globals().pop({_RESULT!r}, None)\n{SAVE}", show=False)
+    try:
+        run()
+        return _results(ranks)
+    finally:
+        if not ranks.broken and ranks.procs:
+            try:
+                ranks.run_cell(RESTORE, show=False)
+            except RankFailed:      # a rank that cannot run it failed already: the learner sees that failure
+                pass
+
+
 def _results(ranks) -> list:
     """Every rank's list of (result, state, record), one entry per cell run; cleared on the ranks."""
     try:
@@ -116,20 +136,26 @@ def check_newest(ranks=None, exercise: str = "Exercise 5b.1") -> None:
     hint = ("A reduction gives every rank one combined value. Which reduction keeps the highest version, and how can "
             "the combined value, or a second one, also say whose it was?")
     ranks = _current(ranks)
-    ranks.run_cell(f"globals().pop({_RESULT!r}, None)", show=False)
-    for case in range(len(VERSIONS)):
-        _run_cell(ranks, exercise, "newest", hint, case)
-    per_rank = _results(ranks)
+    per_rank = _cases(ranks, lambda: [_run_cell(ranks, exercise, "newest", hint, case)
+                                      for case in range(len(VERSIONS))])
     world = len(per_rank)
     for case in range(len(VERSIONS)):
         versions = _versions(world, case)
         want = versions.index(max(versions))
         for rank, rows in enumerate(per_rank):
-            got = rows[case][0]
+            got, _, record = rows[case]
             got = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
             if isinstance(got, bool) or got != want:
                 raise ExerciseFailed(with_hint(f"{exercise}: with versions {versions} (rank order), rank {rank}'s "
                                                f"newest() returned {got!r}.", hint))
+            calls = _calls(record)
+            # the versions must meet in all-reduces of small tensors (a version each, or one slot per rank), not
+            # through the process group's store or files
+            if not calls or any(size > world * 8 for _, size in calls):
+                raise ExerciseFailed(with_hint(
+                    f"{exercise}: with versions {versions}, rank {rank}'s newest() ran {calls} (collective, bytes); "
+                    f"it finds the newest rank with all-reduces of at most {world} elements (one per rank), and "
+                    "with at least one.", hint))
     return passed(exercise, f"every rank named the newest rank for {len(VERSIONS)} sets of versions, with all-reduce "
                             "only")
 
@@ -140,10 +166,8 @@ def check_sync(ranks=None, exercise: str = "Exercise 5b.2") -> None:
     hint = ("Which rank holds the weights everyone needs, and which collective copies one rank's tensor to all the "
             "others? What must every rank know before it can call it?")
     ranks = _current(ranks)
-    ranks.run_cell(f"globals().pop({_RESULT!r}, None)", show=False)
-    for case in range(len(VERSIONS)):
-        _run_cell(ranks, exercise, "sync", hint, case)
-    per_rank = _results(ranks)
+    per_rank = _cases(ranks, lambda: [_run_cell(ranks, exercise, "sync", hint, case)
+                                      for case in range(len(VERSIONS))])
     world = len(per_rank)
     w_bytes = W_SIZE * 4
     for case in range(len(VERSIONS)):
@@ -157,12 +181,16 @@ def check_sync(ranks=None, exercise: str = "Exercise 5b.2") -> None:
                     f"w that is {'not a tensor' if w is None else 'not rank ' + str(src) + chr(39) + 's'}.", hint))
             calls = _calls(record)
             moved_w = [c for c in calls if c[1] >= w_bytes]
-            # w alone, or w packed with the version (one broadcast of cat([w, version])): under two w's worth
-            if len(moved_w) != 1 or moved_w[0][0] != "broadcast" or moved_w[0][1] >= 2 * w_bytes:
+            reduced = sum(size for name, size in calls if name == "all_reduce")
+            # w alone, or w packed with the version (one broadcast of cat([w, version])): under two w's worth; the
+            # all-reduces carry only versions or ranks, not w cut into chunks
+            if (len(moved_w) != 1 or moved_w[0][0] != "broadcast" or moved_w[0][1] >= 2 * w_bytes
+                    or reduced >= w_bytes // 4):
                 raise ExerciseFailed(with_hint(
                     f"{exercise}: with versions {versions}, rank {rank} ran {calls} (collective, bytes); w "
-                    f"({w_bytes} bytes) must travel in exactly one broadcast, and only smaller tensors in "
-                    "all-reduces.", hint))
+                    f"({w_bytes} bytes as float32) must travel in exactly one broadcast of under {2 * w_bytes} bytes "
+                    f"(w alone, or packed with the version), and the all-reduces may carry under {w_bytes // 4} "
+                    "bytes in all.", hint))
     return passed(exercise, f"every rank held the newest rank's w and version for {len(VERSIONS)} sets of versions, "
                             "w sent once by broadcast")
 
@@ -176,12 +204,14 @@ def check_accumulate(ranks=None, exercise: str = "Exercise 5b.3") -> None:
     hint = ("What must each rank keep between cells, and when does it need the other ranks? After a step, what "
             "should the next step start from?")
     ranks = _current(ranks)
-    ranks.run_cell(f"globals().pop({_RESULT!r}, None)", show=False)
-    for micro in ROUNDS:
-        for i in range(micro):
-            _run_cell(ranks, exercise, "accumulate", hint, i)
-        _run_cell(ranks, exercise, "step", hint)
-    per_rank = _results(ranks)
+
+    def run():
+        for micro in ROUNDS:
+            for i in range(micro):
+                _run_cell(ranks, exercise, "accumulate", hint, i)
+            _run_cell(ranks, exercise, "step", hint)
+
+    per_rank = _cases(ranks, run)
     world = len(per_rank)
     for rank, rows in enumerate(per_rank):
         at = 0
@@ -195,12 +225,17 @@ def check_accumulate(ranks=None, exercise: str = "Exercise 5b.3") -> None:
             want = sum(_grad(r, i) for r in range(world) for i in range(micro)) / (world * micro)
             if [c[0] for c in _calls(record)] != ["all_reduce"]:
                 raise ExerciseFailed(with_hint(f"{exercise}: rank {rank}'s step ran {_calls(record)} (collective, "
-                                               "bytes); a step communicates once.", hint))
+                                               "bytes); a step makes one all_reduce (pack a count into it if you "
+                                               "need one).", hint))
             g_bytes = _grad(rank, 0).numel() * 4
             if _calls(record)[0][1] > 2 * g_bytes:      # one gradient (with a count, perhaps), not every micro-batch's
                 raise ExerciseFailed(with_hint(f"{exercise}: rank {rank}'s step all-reduced {_calls(record)[0][1]} "
                                                f"bytes, more than one gradient's {g_bytes}: sum on the rank first, "
                                                "then send one tensor the size of g.", hint))
+            if _calls(record)[0][1] < g_bytes:          # the gradient itself travels, not a token beside a side channel
+                raise ExerciseFailed(with_hint(f"{exercise}: rank {rank}'s step all-reduced {_calls(record)[0][1]} "
+                                               f"bytes, less than one gradient's {g_bytes}: the summed gradient is "
+                                               "what the all_reduce carries.", hint))
             if not (isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(got, want)):
                 raise ExerciseFailed(with_hint(f"{exercise}: step {n + 1} ({micro} accumulate cell(s) before it) "
                                                f"returned {got!r} on rank {rank}, not the mean of every gradient "

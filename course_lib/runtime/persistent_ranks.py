@@ -171,7 +171,7 @@ class Ranks:
         result = assemble(self.procs, procs, time.perf_counter() - t0)
         if show:
             result.show()
-        verdict = after_cell(result.failures, stuck, self.timeout, CELL_SLACK_S)
+        verdict = after_cell(result.failures, stuck, self.timeout, CELL_SLACK_S, self.plan.backend, result.finished)
         if verdict.restart:
             self.restart()
         self.broken = verdict.broken or self.broken

@@ -22,8 +22,10 @@ class Verdict:
     note: str = ""
 
 
-def after_cell(failures, stuck: list[int], timeout: float, slack: float) -> Verdict:
-    """The verdict after a cell in which ``failures`` happened and the ranks ``stuck`` never answered."""
+def after_cell(failures, stuck: list[int], timeout: float, slack: float, backend: str = "gloo",
+               finished: list[int] = ()) -> Verdict:
+    """The verdict after a cell in which ``failures`` happened, the ranks ``stuck`` never answered and the ranks
+    ``finished`` ran it to its end, on ``backend``."""
     if stuck:
         return Verdict(restart=True, note=(
             f"{names(stuck).capitalize()} stayed blocked {timeout + slack:g} s after the first failure, so the "
@@ -48,9 +50,22 @@ def after_cell(failures, stuck: list[int], timeout: float, slack: float) -> Verd
             note=(f"{names(timed_out).capitalize()} gave up waiting in a collective: {its} may hold a partial "
                   "result, and gloo closes its connections after a timeout, so this group's collectives would fail "
                   "from now on. The group is marked broken: " + RESTART))
+    if failures and backend == "nccl" and finished:
+        return Verdict(note=nccl_queued(sorted({f.rank for f in failures}), list(finished), timeout))
     if failures:
         return Verdict(note="The other ranks' variables are kept; fix the cell and run it again.")
     return Verdict()
+
+
+def nccl_queued(failed: list[int], finished: list[int], timeout: float) -> str:
+    """On NCCL a collective returns once it is queued on the GPU, so ranks that finished a cell in which another
+    rank failed may hold a collective that can never complete; at the timeout torch's watchdog ends them
+    (TORCH_NCCL_ASYNC_ERROR_HANDLING, default 3, ProcessGroupNCCL.hpp)."""
+    return (f"On NCCL a collective returns once it is queued on the GPU: one that {names(finished)} called in this "
+            f"cell is still waiting there for {names(failed)}, and shortly after the {timeout:g} s timeout NCCL's "
+            "watchdog ends their processes. If the cell called a collective, run "
+            "%ranks restart now and do not rerun the cell (its first collective would meet the queued one); if it "
+            "called none, the other ranks' variables are kept: fix the cell and run it again.")
 
 
 def after_interrupt(stuck: list[int], interrupted: list[int]) -> Verdict:
