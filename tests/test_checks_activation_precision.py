@@ -131,6 +131,21 @@ def test_14b_2_refuses_keeping_every_matrix_product():
         check_selective_policy(_keep(A.mm.default, A.addmm.default, A.bmm.default))
 
 
+def _saves_by_default(ctx, op, *args, **kwargs):   # recompute the s² ops, keep the rest: CPU dropout's noise is kept
+    recompute = (A.bmm.default, A._softmax.default)   # and then written in place, which torch refuses
+    return CheckpointPolicy.PREFER_RECOMPUTE if op in recompute else CheckpointPolicy.MUST_SAVE
+
+
+def test_14b_2_names_the_in_place_op_when_a_kept_output_is_mutated():
+    with pytest.raises(ExerciseFailed, match=r"has been mutated.*cannot be kept: on a CPU, dropout makes its noise"):
+        check_selective_policy(_saves_by_default)
+
+
+def test_14b_2_says_what_base_its_flop_share_is_of(capsys):
+    check_selective_policy([A.mm.default, A.addmm.default])
+    assert "matrix FLOPs of forward + backward +2.6% at s/h = 64/128" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("policy", [[A.mm.default, A.addmm.default], _korthikanti_region, _keeps_the_context_too],
                          ids=["a list of ops", "korthikanti's region", "keeps attention over V"])
 def test_14b_2_accepts_correct_policies_written_otherwise(policy, capsys):

@@ -67,8 +67,13 @@ def _learner_run(exercise, policy, case):
     except NotImplementedError as e:
         raise not_attempted(exercise, str(e)) from None
     except Exception as e:
+        why = ""
+        if "has been mutated" in str(e):       # torch refuses to save an output that a later op writes in place
+            why = (" An op whose output a later op overwrites in place cannot be kept: on a CPU, dropout makes its "
+                   "noise with empty_like and fills it in place (bernoulli_, div_). Recompute those ops, or keep "
+                   "only what you name and recompute the rest.")
         raise ExerciseFailed(with_hint(f"{exercise}: two layers at s = {case[0]} under your policy raised "
-                                       f"{type(e).__name__}: {e}", HINT)) from None
+                                       f"{type(e).__name__}: {e}.{why}", HINT)) from None
 
 
 def check_selective_policy(policy, exercise: str = "Exercise 14b.2 (selective recomputation)") -> None:
@@ -101,7 +106,8 @@ def check_selective_policy(policy, exercise: str = "Exercise 14b.2 (selective re
             full, full_flops, _ = _run("full", s, b, h, a, dropout)
             total, plain_total, full_total = (sum(f.values()) for f in (flops, plain_flops, full_flops))
             shown = (f"{LAYERS} layers at s = {s}, b = {b}, h = {h}, a = {a}: keeps {kept:,} B (no recomputation "
-                     f"{plain:,} B, full {full:,} B), exactly twice as much at s = {2 * s}; matrix FLOPs "
-                     f"{total / plain_total - 1:+.1%} (full recomputation {full_total / plain_total - 1:+.1%}), "
+                     f"{plain:,} B, full {full:,} B), exactly twice as much at s = {2 * s}; matrix FLOPs of forward + "
+                     f"backward {total / plain_total - 1:+.1%} at s/h = {s}/{h} (full recomputation "
+                     f"{full_total / plain_total - 1:+.1%}), "
                      f"no Linear recomputed; the same without dropout; gradients equal the plain run's")
     passed(exercise, shown)

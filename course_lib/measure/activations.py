@@ -215,6 +215,26 @@ class KeptBytes(TorchDispatchMode):
         return sum(live.values())
 
 
+class LiveBytes(KeptBytes):
+    """`with LiveBytes() as m:` around a training step (forward and backward): `m.timeline[i]` is the bytes of the
+    storages made inside the block and still alive after its i-th op (activations, recomputed ones, temporaries and
+    gradients; parameters and the step's input were made before). `m.mark()` returns the index of the next op, e.g.
+    where forward ends (notebook 14b's memory timeline)."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeline: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self._made = [ref for ref in self._made if ref() is not None]     # forget the dead: each op scans only the live
+        self.timeline.append(self.bytes())
+        return out
+
+    def mark(self) -> int:
+        return len(self.timeline)
+
+
 def kept_for_backward(forward, params, name_of=lambda t: "activation") -> tuple:
     """forward()'s output and {name_of(tensor): bytes} of what autograd saved for backward: each storage once, the
     parameters' left out, a DTensor counted by its local shard (notebooks 12 and 13's count)."""
