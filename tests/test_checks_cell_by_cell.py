@@ -87,4 +87,12 @@ def test_side_channels_chunks_and_extra_calls_are_refused_and_the_state_is_given
         ranks.run_cell("acc, seen = None, 0\nstep = step_by_store", show=False)
         with pytest.raises(ExerciseFailed, match=r"less than one gradient's 12"):
             check_accumulate(ranks)
+        # a correct step, checked after an accumulate cell of the lesson's own (another shape): the check starts
+        # from the exercise cell's state, then gives the learner's back
+        ranks.run_cell(
+            "def step():\n    global acc, seen\n    mean = acc / (seen * world_size)\n    dist.all_reduce(mean)\n"
+            "    acc, seen = None, 0\n    return mean\n"
+            "accumulate(torch.ones(2, device=device))", show=False)
+        check_accumulate(ranks)
+        assert ranks.run_cell("(acc.tolist(), seen)", show=False).values[0] == "([1.0, 1.0], 1)"
     assert "passed" in capsys.readouterr().out

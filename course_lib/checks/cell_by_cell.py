@@ -206,6 +206,8 @@ def check_accumulate(ranks=None, exercise: str = "Exercise 5b.3") -> None:
     ranks = _current(ranks)
 
     def run():
+        # from the state the exercise cell starts with, whatever earlier cells accumulated (saved and given back)
+        ranks.run_cell("acc, seen = None, 0", show=False)
         for micro in ROUNDS:
             for i in range(micro):
                 _run_cell(ranks, exercise, "accumulate", hint, i)
