@@ -59,7 +59,7 @@ def grid_local_sync(t, nodes, gpus):  # only the members make each group: allowe
     col = dist.new_group(col_ranks, use_local_synchronization=True)
     dist.all_reduce(t, group=row)
     dist.all_reduce(t, group=col)
-    return row_ranks, gpu, col_ranks, node
+    return range(node * gpus, node * gpus + gpus), gpu, range(gpu, nodes * gpus, gpus), node   # ranges are lists too
 
 
 def grid_ends_in_a_barrier(t, nodes, gpus):  # a barrier moves no data: it stays on

@@ -170,8 +170,10 @@ def _compared_calls(case: int, shape: tuple[int, int], wait_s: float):
 
 def _plain(x):
     """What the learner returned, made plain for the kernel (tensors as lists or numbers)."""
-    if isinstance(x, torch.Tensor):
+    if isinstance(x, torch.Tensor) or hasattr(x, "tolist"):       # a tensor, or numpy's arrays and integers
         return x.tolist()
+    if isinstance(x, range):
+        return list(x)
     if isinstance(x, (list, tuple)):
         return type(x)(_plain(v) for v in x)
     return x
