@@ -110,8 +110,9 @@ def font_line() -> str:
     if fonts:
         more = f" (+{len(fonts) - 1} more)" if len(fonts) > 1 else ""
         return f"  CJK font      {fonts[0]}{more}: the notebooks' Chinese terms show"
-    return ("  CJK font      none: the notebooks' Chinese terms show as empty boxes; Debian/Ubuntu: "
-            "sudo apt install fonts-noto-cjk")
+    # the Chinese terms are in markdown, drawn by the browser: a font here matters only if the browser runs here
+    return ("  CJK font      none on this machine: matters only if your browser runs here (the notebooks' Chinese "
+            "terms would show as empty boxes); Debian/Ubuntu: sudo apt install fonts-noto-cjk")
 
 
 def _smoke(world_size: int, backend: str) -> tuple[bool, str]:

@@ -63,7 +63,10 @@ def serve(sock_fd: int, preload: tuple = ()) -> None:
         return True
 
     def request() -> bool:  # the kernel asks: import more, or fork a rank; EOF when the kernel is gone
-        msg, fds = recv_msg(sock)
+        try:
+            msg, fds = recv_msg(sock)
+        except (ConnectionResetError, BrokenPipeError):  # a kernel that exited without closing: gone all the same
+            return False
         if msg is None:
             return False
         if isinstance(msg, tuple) and msg[0] == "import":  # more modules for the children, from now on

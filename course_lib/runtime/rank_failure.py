@@ -127,7 +127,8 @@ class RankFailure:
         if self.timed_out:
             ms = int(_GLOO_TIMEOUT.search(self.message).group(1))
             return (f"rank {self.rank} timed out after {ms / 1000:g} s waiting in {timed_out_call(self.frames)}: "
-                    f"the peer it waited for never reached the matching call ({clean(self.message)})")
+                    f"the peer it waited for never completed the matching call (not reached, or called with another "
+                    f"size) ({clean(self.message)})")
         if self.kind == "raised":
             return f"rank {self.rank} raised {self.etype}: {clean(self.message)}".rstrip()
         if self.kind == "signal":
