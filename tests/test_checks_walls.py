@@ -123,6 +123,9 @@ def test_the_key_and_right_answers_written_differently():
     walls.check_gpus_at_fixed_batch(by_hand, _speed_setup)
     walls.check_gpus_at_fixed_batch(                                   # alpha_beta's ring, float shares of the batch
         lambda link, r: _scan(link, r, lambda c, m: c / (c + m), alpha_beta.ring_allreduce), _speed_setup)
+    walls.check_gpus_at_fixed_batch(                                   # the ring's bandwidth term only, no alpha
+        lambda link, r: _scan(link, r, lambda c, m: c / (c + m), lambda p, n, a, b: 2 * (p - 1) / p * n * b),
+        _speed_setup)
     walls.check_gpus_at_fixed_batch(lambda link, r: [by_doubling(link, r)[0], by_doubling(link, r)[1] * 1.005],
                                     _speed_setup)
     walls.check_gpus_at_fixed_batch(lambda link, r: (np.int64(by_doubling(link, r)[0]),
@@ -157,9 +160,9 @@ def test_gpus_at_fixed_batch_refuses_the_shortcut_wrong_methods_and_wrong_result
 
     # (b) right at 100 GbE and 0.85, wrong elsewhere: a constant, 1 - comm/compute, 2·n·beta without (p-1)/p
     wrong_methods = {
-        "the key as a constant": (lambda link, r: (64, step), r"Ethernet 400 GbE at a ratio of 0\.5: 64 GPUs"),
+        "the key as a constant": (lambda link, r: (64, step), r"Ethernet 400 GbE at a ratio of 0\.6: 64 GPUs"),
         "1 - comm/compute": (lambda link, r: _scan(link, r, lambda c, m: 1 - m / c, alpha_beta.ring_allreduce),
-                             r"Ethernet 400 GbE at a ratio of 0\.5: 512 GPUs is not the largest"),
+                             r"Ethernet 400 GbE at a ratio of 0\.6: 512 GPUs is not the largest"),
         "2·n·beta": (lambda link, r: _scan(link, r, lambda c, m: c / (c + m),
                                            lambda p, n, a, b: 2 * (p - 1) * a + 2 * n * b),
                      r"Ethernet 25 GbE at a ratio of 0\.99: 1 GPUs is not the largest"),

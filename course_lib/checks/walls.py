@@ -68,9 +68,12 @@ def check_bloom_mfu(bloom_mfu, exercise: str = "Exercise 1.2") -> None:
 # LLaMA's recipe: 4M tokens per step of 2048-token sequences (Touvron et al. 2023, table 2) = 2048 sequences.
 GLOBAL_BATCH = 2048
 # The (link, smallest speedup ratio) pairs the learner's function is called with. Several, so that no constant passes;
-# 400 GbE at 0.5 refuses a ratio written 1 - comm/compute (it gives 512 GPUs, not 1024), and 25 GbE at 0.99 refuses
+# 400 GbE at 0.6 refuses a ratio written 1 - comm/compute (it gives 512 GPUs, not 1024), and 25 GbE at 0.99 refuses
 # an all-reduce of 2·n·beta without the ring's (p-1)/p (it gives 1 GPU, not 2). The first is the statement's example.
-CASES = (("Ethernet 100 GbE", 0.85), ("Ethernet 400 GbE", 0.5), ("Ethernet 25 GbE", 0.99))
+# In every case the ring's latency term 2(p-1)·alpha cannot move the answer (400 GbE at 0.6: 0.666 at 1024 GPUs and
+# 0.490 at 2048 with it, 0.674 and 0.508 without), so a bandwidth-only ring passes too: the links' alphas are orders
+# of magnitude (data/links.csv), not measurements a verdict may rest on.
+CASES = (("Ethernet 100 GbE", 0.85), ("Ethernet 400 GbE", 0.6), ("Ethernet 25 GbE", 0.99))
 # hw.scaling(..., global_batch=...) splits the fixed batch over p GPUs for you: the very step exercise 1.3 asks for.
 _STRONG_SCALING = ("course_lib.costs.hardware.scaling",)
 
@@ -117,9 +120,12 @@ def check_gpus_at_fixed_batch(exercise_1_3, speed_setup, exercise: str = "Exerci
             raise ExerciseFailed(with_hint(f"{case}: {p} GPUs is not the largest power of two that keeps the speedup "
                                            f"ratio at {min_ratio} or more with 2048 sequences per step.", hint))
         step = _number(case, step, "the seconds per step")
-        # 1%: rounding the inputs (a step read off a printed table), not a different formula; a step without its
-        # all-reduce is 11% short at 64 GPUs over 100 GbE
-        if not math.isclose(step, _at_fixed_batch(speed_setup, link, p)[1], rel_tol=0.01):
+        # 1%: rounding the inputs (a step read off a printed table), not a different formula; plus the ring's latency
+        # term 2(p-1)·alpha, which a bandwidth-only ring leaves out (1.2% of the step at 1024 GPUs over 400 GbE). A
+        # step without its all-reduce is 11% short at 64 GPUs over 100 GbE.
+        want = _at_fixed_batch(speed_setup, link, p)[1]
+        latency = 2 * (p - 1) * speed_setup("LLaMA-7B", link, GLOBAL_BATCH // p)[2]
+        if not abs(step - want) <= 0.01 * want + latency:
             raise ExerciseFailed(with_hint(f"{case}: {p} GPUs is right, but {step:.3g} s is not one step's compute "
                                            f"of {GLOBAL_BATCH // p} sequences plus its all-reduce.", hint))
         first = first or (link, min_ratio, p, step)

@@ -134,3 +134,67 @@ def scaling_plot(curves: list[tuple], batch_limit: float | None = None,
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def nic_rings(systems: list[dict], gpus_per_server: int = 8):
+    """Two servers of gpus_per_server GPUs per panel, one panel per row of data/busbw_between_servers.csv
+    (nics_per_server, busbw_GBps): the GPUs reach their server's NICs inside the server (thin lines), and each NIC
+    has its own cable to the other server (thick lines); the panel's title gives the measured busbw."""
+    fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 2.8), dpi=100)
+    for ax, s in zip(axes, systems):
+        nics = int(s["nics_per_server"])
+        ys = [gpus_per_server - 1 - i for i in range(gpus_per_server)]
+        nic_ys = ys if nics == gpus_per_server else [sum(ys) / len(ys)] * nics
+        for x0, gx, nx in ((0, 0.6, 2.0), (5.4, 7.4, 6.0)):            # left server, right server
+            ax.add_patch(plt.Rectangle((x0 - 0.1, -0.7), 2.8, gpus_per_server + 0.4, fill=False, lw=1, ec="grey"))
+            for i, y in enumerate(ys):
+                ax.add_patch(plt.Rectangle((gx - 0.35, y - 0.3), 0.7, 0.6, color="#4c72b0"))
+                ny = nic_ys[i] if nics == gpus_per_server else nic_ys[0]
+                ax.plot([gx, nx], [y, ny], color="grey", lw=0.6)
+            for y in sorted(set(nic_ys)):
+                ax.add_patch(plt.Rectangle((nx - 0.3, y - 0.25), 0.6, 0.5, color="#dd8452", zorder=3))
+        for y in sorted(set(nic_ys)):
+            ax.plot([2.3, 5.7], [y, y], color="#c44e52", lw=2.5)
+        ax.text(0.6, gpus_per_server - 0.2, "GPUs", ha="center", fontsize=7)
+        ax.text(2.0, gpus_per_server - 0.2, "NIC" if nics == 1 else "NICs", ha="center", fontsize=7)
+        ax.text(4.0, -0.95, "network between servers", ha="center", va="center", fontsize=7, color="#c44e52")
+        ax.set_title(f"{nics} NIC{'s' if nics > 1 else ''} per server: {s['busbw_GBps']:g} GB/s busbw "
+                     "between servers", fontsize=9)
+        ax.set_xlim(-0.4, 8.4)
+        ax.set_ylim(-1.15, gpus_per_server + 0.1)
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def what_each_gpu_holds(gpus: int = 4, layers: int = 4):
+    """One row per way of splitting the model (the ZeRO paper's figure 1 in spirit): each of `gpus` GPUs drawn as a
+    grid of the model's layers (rows) by the columns of their weight matrices, the part it stores coloured. ZeRO-3
+    stores a slice like tensor parallelism but gathers each whole layer before computing with it (hatched)."""
+    def holds(name, g, lay, col):                       # does GPU g store (layer lay, column slice col)?
+        return {"data parallel": True, "tensor parallel": col == g, "pipeline parallel": lay == g,
+                "ZeRO-3 / FSDP": col == g}[name]
+
+    schemes = ("data parallel", "tensor parallel", "pipeline parallel", "ZeRO-3 / FSDP")
+    fig, axes = plt.subplots(len(schemes), gpus, figsize=(1.3 * gpus + 1.6, 0.95 * len(schemes) + 0.4), dpi=100)
+    for row, name in enumerate(schemes):
+        for g in range(gpus):
+            ax = axes[row][g]
+            for lay in range(layers):
+                for col in range(gpus):
+                    held = holds(name, g, lay * gpus // layers, col)
+                    ax.add_patch(plt.Rectangle((col, layers - 1 - lay), 0.92, 0.85, lw=0.5, ec="#4c72b0",
+                                               fc="#4c72b0" if held else "white",
+                                               hatch="////" if held and name.startswith("ZeRO") else None,
+                                               alpha=0.45 if held and name.startswith("ZeRO") else 1))
+            ax.set_xlim(-0.1, gpus)
+            ax.set_ylim(-0.1, layers)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(f"GPU {g}", fontsize=8)
+            if g == 0:
+                ax.set_ylabel(name, fontsize=7, rotation=0, ha="right", va="center")
+    fig.suptitle("what each GPU stores: rows are layers, columns slices of their weight matrices", fontsize=9)
+    fig.tight_layout()
+    return fig
