@@ -7,12 +7,18 @@ checkpoint every EVERY steps into ``step_NNNNN`` folders, the model and data of 
 1. on an empty folder: a fresh start, 0, the model left as built;
 2. on the folder of a first attempt whose rank 1 was SIGKILLed in the middle of saving step TORN (so the folders
    of the earlier saves are complete and the last has no ``.metadata``): the restart must go on after the newest
-   complete checkpoint and end with the one-process reference's weights (labs.elastic.reference, to its
-   reference_atol: float32 summation order; a lost momentum moves them about a hundred times more);
-3. on the finished run's folder, with a fresh model and optimizer: they must get its weights and momentum exactly.
+   complete checkpoint, with the learning rate the run had lowered at step DECAY, and end with the one-process
+   reference's weights (to labs.elastic's reference_atol: float32 summation order; a lost momentum moves them
+   about a hundred times more);
+3. on the finished run's folder, with a fresh model and optimizer: they must get its weights, momentum and learning
+   rate exactly.
 
 Starting over from step 0 also ends with the right weights (a batch depends only on (step, rank)), so the step
 returned is checked, not only the weights; taking the second-newest folder is right in case 2 and wrong in case 3.
+The learning rate, lowered at step DECAY as a schedule would, is why set_state_dict is needed: dcp.load fills the
+tensors get_state_dict returned in place, and those are the live weights and momentum, but a plain number such as
+the lr reaches the optimizer only through set_state_dict. On an empty folder, get_state_dict (which gives a fresh
+optimizer zero momentum buffers) is allowed: SGD's next step makes of a zero buffer exactly what it makes of none.
 While the learner's code runs, the lab's own search for complete checkpoints is switched off.
 """
 
@@ -27,7 +33,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from ..labs.elastic import batch, make_model, reference, reference_atol
+from ..labs.elastic import LR, batch, make_model, reference_atol
 from ..runtime.devices import device
 from ..runtime.forkserver import get_server
 from ..runtime.launch import run
@@ -37,6 +43,7 @@ from .core import CaseFailed, ExerciseFailed, explain, learner_rules, passed, wi
 
 STEPS, EVERY, TORN, WORLD = 10, 2, 5, 2   # saves after steps 1, 3, 5, ...; rank 1 dies while saving step 5
 DONE = TORN - EVERY                       # the newest complete checkpoint the killed run left: step 3
+DECAY = 2                                 # the learning rate is halved before step 2, as a schedule would
 SHORTCUTS = ("course_lib.labs.elastic.complete_checkpoints",)
 HINT = ("Which folders are complete: what does dcp.save write last, once every rank's data is on disk? "
         "dcp.load fills in place a state dict of the right structure: get one from get_state_dict(model, opt) with "
@@ -67,8 +74,15 @@ def _save(model, opt, step: int, ckpt_dir: Path, writer=None) -> None:
              storage_writer=writer)
 
 
+def _schedule(opt, step: int) -> None:
+    if step == DECAY:  # once, as a scheduler's step would: a restart after it must get the lower lr from the checkpoint
+        for group in opt.param_groups:
+            group["lr"] = LR / 2
+
+
 def _train_step(model, opt, step: int) -> None:
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
+    _schedule(opt, step)
     x, y = (t.to(dev) for t in batch(step, rank))
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
@@ -88,18 +102,43 @@ def _first_attempt(ckpt_dir: Path) -> None:
             _save(model, opt, step, ckpt_dir, _DiesWhileSaving(_folder(ckpt_dir, step)) if dies else None)
 
 
-def _state(model, opt) -> tuple[dict, list]:
+def _reference(steps: int, world: int) -> dict[str, torch.Tensor]:
+    """labs.elastic.reference with this checker's schedule: one process, never interrupted, each rank's gradient
+    computed in turn, then averaged."""
+    model, opt = make_model()
+    for step in range(steps):
+        _schedule(opt, step)
+        grads = []
+        for rank in range(world):
+            opt.zero_grad()
+            x, y = batch(step, rank)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            total = grads[0][i]
+            for g in grads[1:]:
+                total = total + g[i]
+            p.grad = total / world
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _state(model, opt) -> tuple[dict, list, list]:
     weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     momentum = [opt.state.get(p, {}).get("momentum_buffer") for p in model.parameters()]
-    return weights, [None if m is None else m.detach().cpu().clone() for m in momentum]
+    # a zero buffer (what get_state_dict gives a fresh optimizer) trains exactly as no buffer: buf*0.9 + grad == grad
+    momentum = [None if m is None or not m.any() else m.detach().cpu().clone() for m in momentum]
+    return weights, momentum, [float(g["lr"]) for g in opt.param_groups]
 
 
-def _differs(a: tuple[dict, list], b: tuple[dict, list]) -> str:
-    """'' when two states are equal bit for bit, else what differs: 'weights' or 'momentum'."""
+def _differs(a: tuple, b: tuple) -> str:
+    """'' when two states are equal bit for bit, else what differs: 'weights', 'momentum' or 'learning rate'."""
     if a[0].keys() != b[0].keys() or any(not torch.equal(a[0][k], b[0][k]) for k in a[0]):
         return "weights"
     if any((x is None) != (y is None) or (x is not None and not torch.equal(x, y)) for x, y in zip(a[1], b[1])):
         return "momentum"
+    if a[2] != b[2]:
+        return "learning rate"
     return ""
 
 
@@ -142,6 +181,8 @@ def _restart(exercise: str, resume, ckpt_dir: Path, empty: Path) -> dict:
         out["agreed"] = False
         return out
     out["agreed"] = True
+    _, momentum, lrs = _state(model, opt)
+    out["lr"], out["momentum_loaded"] = lrs[0], start > 0 and all(m is not None for m in momentum)
     for step in range(start, STEPS):
         _train_step(model, opt, step)
         if (step + 1) % EVERY == 0:
@@ -169,8 +210,8 @@ def _judge(exercise: str, out: dict, on_disk: str) -> None:
     if out["empty"] != 0:
         fail(f"on an empty folder (no checkpoint yet) your resume returned {out['empty']}: a fresh job starts at 0.")
     if out["touched"]:
-        fail(f"on an empty folder your resume changed the model's {out['touched']}: with nothing to load, leave "
-             "them as make_model built them.")
+        fail(f"on an empty folder your resume changed the {out['touched']}: with nothing to load, leave the "
+             "model and optimizer as make_model built them.")
     start = out["start"]
     if not isinstance(start, int):
         fail(f"your resume returned {start}, not a step: return an int.")
@@ -191,15 +232,20 @@ def _judge(exercise: str, out: dict, on_disk: str) -> None:
         fail(f"the restart was right, but loading the finished run's folder (complete checkpoints of steps 1 to "
              f"{STEPS - 1}, every {EVERY}) your resume returned {out['end']}: does it always take the newest "
              "complete one?")
-    ref, tol = reference(STEPS, WORLD), reference_atol(STEPS, WORLD)
+    if out["momentum_loaded"] and out["lr"] != LR / 2:
+        fail(f"your resume loaded step_{DONE:05d}'s momentum, but left the optimizer's learning rate at {out['lr']:g}; "
+             f"this run had halved it to {LR / 2:g} at step {DECAY}, as a schedule would, and the checkpoint holds it "
+             "in the optimizer's param_groups. dcp.load fills the tensors in place (the live weights and momentum), "
+             "but plain numbers such as the lr reach the optimizer only through set_state_dict.")
+    ref, tol = _reference(STEPS, WORLD), reference_atol(STEPS, WORLD)
     worst = max(max_diff(out["weights"][k], ref[k]) for k in ref)
     if worst > tol:
         fail(f"the restart began at the right step, but the run ended {worst:.3g} away from the one-process, "
              f"uninterrupted reference (float32 summation order allows {tol:.1g}): did your resume restore the "
-             "optimizer's momentum as well as the weights?")
+             "optimizer's momentum and learning rate as well as the weights?")
     if out["restored"]:
         fail(f"a fresh model and optimizer loaded from the finished run's folder did not get its {out['restored']} "
-             "exactly: load the optimizer's state as well as the model's.")
+             "exactly: load the optimizer's state as well as the model's, and hand it back with set_state_dict.")
 
 
 def check_resume(resume, exercise: str = "Exercise 16.1") -> None:
@@ -234,4 +280,4 @@ def check_resume(resume, exercise: str = "Exercise 16.1") -> None:
                             f"loaded step_{DONE:05d}, and the restart went on at step {DONE + 1} and ended with the "
                             f"one-process, uninterrupted run's weights (to {reference_atol(STEPS, WORLD):.0e}, what "
                             "float32 sums in another order allow); an empty folder gave 0, and a fresh model got the "
-                            "finished run's weights and momentum exactly")
+                            "finished run's weights, momentum and halved learning rate exactly")
