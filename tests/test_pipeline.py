@@ -119,6 +119,37 @@ def test_torch_pipelining_gives_our_weights_and_our_order_on_gloo():
             assert theirs == ours == pl.SCHEDULES[name](s, 2, 4), (name, s)
 
 
+def _interleaved_schedule(parts, m, v=2):
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+    stages = [PipelineStage(layers, stage_index=s, num_stages=dist.get_world_size() * v, device=torch.device("cpu"))
+              for s, layers in parts.items()]
+    return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=nn.functional.cross_entropy)
+
+
+def test_interleaved_1f1b_trains_to_sgd_and_its_plan_replays_to_the_interleaved_bubble():
+    from fractions import Fraction
+
+    from course_lib.training import interleaved as il
+    reference, _ = pl.train_reference(STEPS)
+    vals = run(il.train_interleaved, world_size=2, args=(_interleaved_schedule, (2, 4), 2, load_digits(), STEPS),
+               kwargs={"plans_for": (1, 5)}, output="none", timeout=120).values
+    want = pl.stage_params(reference, 4)
+    for v in vals:
+        for m in (2, 4):
+            assert all(max_diff(got, want[s]) <= sgd_atol(STEPS, 0.1, 32, 256) for s, got in v["params"][m].items())
+    assert set(vals[0]["params"][2]) == {0, 2} and set(vals[1]["params"][2]) == {1, 3}      # rank r: r, r + p
+    for m in (2, 4):
+        timeline = il.replay(vals[0]["plans"][m], 2, 2)
+        assert il.bubble(timeline, m) == Fraction(1, 2 * m + 1)
+        per_round = m // max(1, m // 2)                                          # torch's _get_warmup_ops, + 1
+        assert [il.warmup_forwards(t) for t in timeline] == [min(per_round + 2 * (1 - r) + 1, 2 * m)
+                                                             for r in (0, 1)]
+    assert vals[0]["plans_all"][5] is None and vals[0]["plans_all"][1] is not None   # m = 5: 2 rounds do not divide it
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        il.replay({0: [("FULL_BACKWARD", 1, 0), ("FORWARD", 0, 0)], 1: [("FORWARD", 1, 0), ("FULL_BACKWARD", 1, 0)]},
+                  2, 1)
+
+
 def test_the_pipeline_lab_under_torchrun():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "course_lib.labs.pipeline", "--schedule", "1f1b", "--steps", "2", "--stage-ms", "2"]

@@ -121,6 +121,14 @@ def _plain_1f1b(stage, p, m, cap):    # the cell's 1F1B, cap ignored: right bubb
     return order + [("B", i) for i in range(m - warm, m)]
 
 
+def _cut_to_cap(stage, p, m, cap):   # the warm-up cut to cap, not cap - 1: one micro-batch over the cap
+    warm = min(p - stage - 1, cap, m)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
 def _gpipe(stage, p, m, cap=None):
     return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
 
@@ -142,7 +150,8 @@ def test_14_2_accepts_a_correct_order_written_another_way():
 
 
 @pytest.mark.parametrize("wrong,message", [
-    (_plain_1f1b, r"stage 0 keeps 2 micro-batches in flight .*more than the cap.*That is plain 1F1B"),
+    (_plain_1f1b, r"stage 0 keeps 2 micro-batches in flight .*more than the cap.*same as plain 1F1B's"),
+    (_cut_to_cap, r"cut to cap forwards.*may hold only cap - 1"),
     (_gpipe, r"cap=1, stage 0 keeps 2 micro-batches in flight"),
     (_circular, r"the schedule deadlocks.*real ranks would hang in recv"),
     (_one_at_a_time, r"p=2, m=2, cap=2: your step takes 12 slots on the ideal clock .*can do it in 9"),

@@ -100,6 +100,26 @@ def _capped_reference(stage: int, p: int, m: int, cap: int) -> list[tuple[str, i
     return order + [("B", i) for i in range(m - warm, m)]
 
 
+def _warm_1f1b(stage: int, p: int, m: int, warm: int) -> list[tuple[str, int]]:
+    """1F1B's order with `warm` warm-up forwards (min(p - stage - 1, m) is plain 1F1B)."""
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
+def _known_mistake(order, s: int, p: int, m: int, cap: int) -> str:
+    """Names the two usual ways over the cap; where they give the same order, the cut-to-cap one is named, since
+    a learner who applied the cap must not be told they ignored it."""
+    if order == _warm_1f1b(s, p, m, min(p - s - 1, cap, m)):
+        return (" That is 1F1B with its warm-up cut to cap forwards" + (", here the same as plain 1F1B's"
+                if order == _warm_1f1b(s, p, m, min(p - s - 1, m)) else "") + ": one over the cap, since the first "
+                "steady-state forward adds one more before the first backward, so the warm-up may hold only cap - 1.")
+    if order == _warm_1f1b(s, p, m, min(p - s - 1, m)):
+        return " That is plain 1F1B, which holds min(p - stage, m)."
+    return ""
+
+
 def _span(orders) -> int:
     return max(e for r in pl.simulate(orders) for *_, e in r)
 
@@ -120,8 +140,7 @@ def _check_order(exercise, answers, p, m, cap, hint):
             raise ExerciseFailed(
                 f"{exercise}: p={p}, m={m}, cap={cap}, stage {s} keeps {peak} micro-batches in flight (their "
                 f"activations wait for backward), more than the cap. Your order: {order}."
-                + (" That is plain 1F1B, which holds min(p - stage, m)." if order == pl.one_f_one_b_order(s, p, m)
-                   else "") + f"\nHint: {hint}")
+                + _known_mistake(order, s, p, m, cap) + f"\nHint: {hint}")
         orders.append(order)
     try:
         span = _span(orders)
