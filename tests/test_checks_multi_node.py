@@ -43,8 +43,22 @@ def test_17_1_refuses_the_one_machine_line_that_parses_right():
     with pytest.raises(ExerciseFailed, match=r"decides by hand which torchrun hosts the rendezvous store"):
         multi_node.check_torchrun_line(lambda *a: line(*a).replace("hello", f"--rdzv-conf=is_host={int(a[1] == 0)} "
                                                                             "hello"))
-    # a node's real address is fine
-    multi_node.check_torchrun_line(lambda *a: line(*a).replace("hello", "--local-addr=10.0.0.9 hello"))
+    # --standalone parses with the right fields, but torchrun then replaces the endpoint by localhost:0 (run.py)
+    with pytest.raises(ExerciseFailed, match=r"--standalone makes torchrun start a rendezvous of its own"):
+        multi_node.check_torchrun_line(lambda *a: line(*a).replace("torchrun", "torchrun --standalone"))
+
+
+def test_17_1_refuses_the_head_as_every_nodes_own_address():
+    # (c) --local-addr is what this node advertises, not the rendezvous: the head's address on every node is wrong
+    with pytest.raises(ExerciseFailed, match=r"--local-addr=10\.0\.0\.1 is the address this node tells the others"):
+        multi_node.check_torchrun_line(lambda *a: line(*a).replace("hello", f"--local-addr={a[3]} hello"))
+    with pytest.raises(ExerciseFailed, match=r"--local-addr=0\.0\.0\.0 is the address"):
+        multi_node.check_torchrun_line(lambda *a: line(*a).replace("hello", "--local-addr=0.0.0.0 hello"))
+
+
+def test_17_1_accepts_a_word_list():
+    # (d) the same command as subprocess takes it
+    multi_node.check_torchrun_line(lambda *a: line(*a).split())
 
 
 def test_17_1_refuses_wrong_lines():

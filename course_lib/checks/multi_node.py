@@ -60,8 +60,13 @@ def _program(a) -> str | None:
 
 
 def _loopback_options(a) -> list[str]:
-    """The two options of section 2 that only several "nodes" on one machine need."""
+    """The options that only several "nodes" on one machine can use: section 2's two, and --standalone."""
     found = []
+    if a.standalone:
+        # torch's run.py, run(): standalone replaces --rdzv-endpoint by localhost:0 and --rdzv-id by a new uuid
+        found.append("--standalone makes torchrun start a rendezvous of its own on this node (it replaces "
+                     "--rdzv-endpoint by localhost:0 and --rdzv-id by a fresh one), so each node waits alone for "
+                     "the others until the join timeout (600 s); leave it out")
     if a.local_addr and _loopback(a.local_addr):
         found.append(f"--local-addr={a.local_addr} makes this node advertise a loopback address, which on a "
                      "cluster points every other node at itself (leave it out: each node then advertises its host "
@@ -81,6 +86,8 @@ def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
         line = call_learner(exercise, torchrun_line, nnodes, node_rank, gpus, head, port, hint=hint,
                             why="writing the torchrun command yourself",
                             library=("course_lib.labs.torchrun.command",))
+        if isinstance(line, (list, tuple)) and all(isinstance(w, str) for w in line):
+            line = shlex.join(line)   # a word list, as subprocess takes it, is the same command
         try:
             a = _parse(str(line))
         except ValueError as exc:
@@ -100,6 +107,13 @@ def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
         if local := _loopback_options(a):
             raise ExerciseFailed(with_hint(f"{exercise}: {line!r} is a line for several \"nodes\" on one machine: "
                                            + "; ".join(local) + ".", hint))
+        if a.local_addr:
+            # the address this node advertises (c10d's _NodeDesc); the exercise gives no node its own address
+            raise ExerciseFailed(with_hint(
+                f"{exercise}: {line!r}: --local-addr={a.local_addr} is the address this node tells the others to "
+                f"reach it at, not the rendezvous; the same value on every node points them all at one host "
+                f"(MASTER_ADDR would name it even when c10d makes another node node 0). Leave it out: each node "
+                f"then advertises its own host name.", hint))
     return passed(exercise, "torchrun's own parser reads the right nodes, node rank, processes, rendezvous and "
                             "script for three clusters, with nothing of the one-machine stand-in left in")
 
