@@ -32,7 +32,8 @@ class Call:
 
     @property
     def ring_bytes(self) -> float:
-        """Bytes this rank sends for the call under the ring algorithm (broadcast and reduce: S, a pipelined chain)."""
+        """Bytes a rank sends under the ring algorithm (broadcast and reduce: S, a pipelined chain; gather and
+        scatter: the busiest rank of a chain, not this one: sent directly, a non-root sends S/p and the root none)."""
         if self.p == 1:
             return 0.0
         if self.op in RING_FACTOR:
