@@ -1,10 +1,12 @@
 """Notebook 14b's checkers refuse what they must and accept correct answers written otherwise.
 
-14b.1 (loss scaling across pipeline stages): FSDP's ShardedGradScaler, a pure-Python copy of GradScaler's rules on
-CPU, is switched off; a collective over the gradients themselves (the data-parallel habit) fails on stages of
-different shapes. 14b.2 (selective recomputation): (a) the shortcuts, full recomputation and torch's own list of
-ops worth saving, (b) a policy tuned to the checker's sizes, (c) keeping every matrix product (the s² scores) are
-refused; (d) a list of ops, Korthikanti et al.'s region, and a policy that also keeps attention's second product pass.
+14b.1 (loss scaling across pipeline stages): torch's GradScaler (named as torch's) and FSDP's ShardedGradScaler, a
+pure-Python copy of GradScaler's rules on CPU, are switched off; a SUM of flags read as "exactly one stage overflowed"
+fails where two stages, or all, overflow at once; a collective over the gradients themselves (the data-parallel habit)
+fails on stages of different shapes. 14b.2 (selective recomputation): (a) the shortcuts, full recomputation and
+torch's own list of ops worth saving, (b) a policy tuned to the checker's sizes, (c) keeping every matrix product (the
+s² scores) are refused; (d) a list of ops, Korthikanti et al.'s region, and a policy that also keeps attention's
+second product pass.
 """
 
 import pytest
@@ -66,6 +68,45 @@ def test_14b_1_refuses_fsdps_sharded_scaler():
 def test_14b_1_refuses_a_collective_over_the_gradients_of_stages_of_different_shapes():
     with pytest.raises(ExerciseFailed, match=r"failed with 2 stages \(each stage's weight has its own shape"):
         check_loss_scaling(_whole_gradient_summed)
+
+
+def _exactly_one_flag(stage, lr, scaler):      # SUM of 0/1 flags read as "== 1": steps when two stages overflow
+    flag = torch.tensor([float(not all(torch.isfinite(q.grad).all() for q in stage.parameters()))],
+                        device=stage.weight.device)
+    dist.all_reduce(flag)
+    if flag.item() == 1.0:
+        scaler["scale"] *= 0.5
+        scaler["good_steps"] = 0
+        return False
+    with torch.no_grad():
+        for q in stage.parameters():
+            q -= lr * q.grad / scaler["scale"]
+    scaler["good_steps"] += 1
+    if scaler["good_steps"] == scaler["growth_interval"]:
+        scaler["scale"] *= 2
+        scaler["good_steps"] = 0
+    return True
+
+
+def _by_torchs_grad_scaler(stage, lr, scaler):  # torch's GradScaler does the unscale, the check and the update
+    gs = torch.amp.GradScaler("cpu", init_scale=scaler["scale"], growth_interval=scaler["growth_interval"])
+    opt = torch.optim.SGD(stage.parameters(), lr=lr)
+    gs.unscale_(opt)
+    gs.step(opt)
+    gs.update()
+    return True
+
+
+def test_14b_1_refuses_a_sum_of_flags_read_as_exactly_one():
+    with pytest.raises(ExerciseFailed, match=r"step 8: your step ran; it should be skipped \(a weight gradient on "
+                                             r"stage 0 is inf and a bias gradient on stage 1 is nan\)"):
+        check_loss_scaling(_exactly_one_flag)
+
+
+def test_14b_1_names_torchs_grad_scaler_as_torchs():
+    with pytest.raises(ExerciseFailed, match=r"torch's GradScaler\.unscale_ is switched off here") as e:
+        check_loss_scaling(_by_torchs_grad_scaler)
+    assert "course's own" not in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------------- 14b.2

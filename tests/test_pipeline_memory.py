@@ -186,3 +186,20 @@ def test_kept_bytes_counts_what_selective_checkpointing_keeps_and_nothing_freed(
     assert kept.bytes(exclude=[y, w]) == 4 * 8 * 4          # the 4x8 product only: relu and sin are recomputed
     y.sum().backward()
     assert w.grad is not None and kept.bytes(exclude=[y, w, w.grad]) == 0    # released by backward
+
+
+def test_recompute_measures_full_recomputation_by_its_bytes_and_flops():
+    """measure.recompute: full recomputation keeps each layer's input and runs forward once more; a step's bytes
+    peak where backward starts without it, inside backward with it."""
+    from torch import nn
+
+    from course_lib.measure.recompute import kept_bytes, step_memory
+
+    torch.manual_seed(0)
+    s, b, h, layers = 16, 2, 32, nn.ModuleList(TransformerLayer(32, 4) for _ in range(2))
+    assert kept_bytes(layers, "full", s, b) == 2 * s * b * h * 4
+    assert kept_bytes(layers, "none", s, b) > 10 * kept_bytes(layers, "full", s, b)
+    (none, end_none), (fwd, step) = step_memory(layers, "none", s, b)
+    (full, end_full), (_, step_full) = step_memory(layers, "full", s, b)
+    assert step == 3 * fwd and step_full == step + fwd
+    assert none.index(max(none)) >= end_none - 1 and full.index(max(full)) > end_full

@@ -1,12 +1,14 @@
 """Checker for notebook 14b's exercise 14b.1: dynamic loss scaling across pipeline stages.
 
-The learner's loss-scaled step runs on real ranks, one stage each, with an inf or a NaN injected on one stage only,
-against GradScaler's rules (training.mixed_precision.LossScaler), counting the collectives with CommLog. Each stage
-has its own shape (nn.Linear(4, 4 + rank)), as a real pipeline's stages do, so a collective over the gradients
-themselves fails as it would there. While it runs, the course's LossScaler, torch's GradScaler, FSDP's
-ShardedGradScaler (a pure-Python copy of the same rules on CPU) and GradScaler's two kernels
-(torch._amp_foreach_non_finite_check_and_unscale_, torch._amp_update_scale_) are switched off (switch_off.py). Allowed:
-any one collective on a flag (or flags) made on the stage's device, any way of testing the gradients for inf and NaN.
+The learner's loss-scaled step runs on real ranks, one stage each, with an inf or a NaN injected on one stage, on two
+stages and on every stage at once (in a real pipeline an inf in a late stage's backward flows into every earlier
+stage's gradients, so a count of flags must not be read as "exactly one"), against GradScaler's rules
+(training.mixed_precision.LossScaler), counting the collectives with CommLog. Each stage has its own shape
+(nn.Linear(4, 4 + rank)), as a real pipeline's stages do, so a collective over the gradients themselves fails as it
+would there. While it runs, the course's LossScaler, torch's GradScaler, FSDP's ShardedGradScaler (a pure-Python copy
+of the same rules on CPU) and GradScaler's two kernels (torch._amp_foreach_non_finite_check_and_unscale_,
+torch._amp_update_scale_) are switched off (switch_off.py). Allowed: any one collective on a flag (or flags) made on
+the stage's device, any way of testing the gradients for inf and NaN.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from .pipeline import _switched_off
 from .switch_off import SwitchedOff
 
 # ---------------------------------------------------------------------------------------------- 14b.1
-STEPS = 8
-# step -> (the one stage, its bad value, the parameter it is in): a bias too, so a check of the weight alone fails
-OVERFLOW = {2: (1, float("inf"), "weight"), 3: (0, float("nan"), "bias"), 5: (1, float("nan"), "weight"),
-            6: (0, float("inf"), "bias")}
+STEPS = 12
+INF, NAN = float("inf"), float("nan")
+# step -> [(stage, its bad value, the parameter it is in)]: a bias too, so a check of the weight alone fails; stage -1
+# stands for every stage. Steps 8 and 10 overflow on several stages at once, as an inf from a late stage's backward does
+OVERFLOW = {2: [(1, INF, "weight")], 3: [(0, NAN, "bias")], 5: [(1, NAN, "weight")], 6: [(0, INF, "bias")],
+            8: [(0, INF, "weight"), (1, NAN, "bias")], 10: [(-1, INF, "weight")]}
+GRAD_SCALER = "torch.amp.grad_scaler.GradScaler"
+GRAD_SCALER_METHODS = ("unscale_", "step", "update")
 AMP_KERNELS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_")   # GradScaler's own, as torch ops
 SHARDED = "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"
 SHARDED_METHODS = ("unscale_", "_unscale_grads_", "_amp_update_scale_cpu_", "update")
@@ -51,6 +57,32 @@ def _no_amp_kernels(exercise: str):
 
     with NoAmp():
         yield
+
+
+def _bad_here(step: int, rank: int) -> list:
+    return [(bad, where) for r, bad, where in OVERFLOW.get(step, []) if r in (rank, -1)]
+
+
+def _said(step: int) -> str:
+    """The overflow of a step in words: "a bias gradient on stage 0 is nan", "... and ...", "on every stage"."""
+    return " and ".join(f"a {where} gradient on {'every stage' if r == -1 else f'stage {r}'} is {bad}"
+                        for r, bad, where in OVERFLOW[step])
+
+
+@contextmanager
+def _scalers_off(exercise: str):
+    """The course's LossScaler, torch's GradScaler (named as torch's, not the course's), its kernels and FSDP's
+    ShardedGradScaler off while the learner's step runs."""
+    from . import switch_off
+
+    why = "loss scaling by hand"
+    with _switched_off(exercise, why, library=[*(f"{GRAD_SCALER}.{m}" for m in GRAD_SCALER_METHODS),
+                                               "course_lib.training.mixed_precision.LossScaler.update"]):
+        for m in GRAD_SCALER_METHODS:
+            switch_off._refusals[f"{exercise}:{GRAD_SCALER}.{m}"] = switch_off._say(exercise, why,
+                                                                                  f"torch's GradScaler.{m}")
+        with _no_amp_kernels(exercise), _no_sharded_scaler(exercise):
+            yield
 
 
 @contextmanager
@@ -85,16 +117,10 @@ def _loss_scaling_case(learner, growth_interval, lr):
         g = torch.Generator().manual_seed(100 * step + rank)
         for q in stage.parameters():
             q.grad = (torch.randn(q.shape, generator=g) * scaler["scale"]).to(q.device)   # of loss x scale
-        bad_rank, bad, where = OVERFLOW.get(step, (None, None, None))
-        if bad_rank == rank:
+        for bad, where in _bad_here(step, rank):
             getattr(stage, where).grad.view(-1)[0] = bad
         with CommLog() as log:
-            with _switched_off("Exercise 14b.1", "loss scaling by hand",
-                               library=["torch.amp.grad_scaler.GradScaler.unscale_",
-                                        "torch.amp.grad_scaler.GradScaler.step",
-                                        "torch.amp.grad_scaler.GradScaler.update",
-                                        "course_lib.training.mixed_precision.LossScaler.update"]), \
-                    _no_amp_kernels("Exercise 14b.1"), _no_sharded_scaler("Exercise 14b.1"):
+            with _scalers_off("Exercise 14b.1"):
                 stepped = learner(stage, lr, scaler)
         history.append((bool(stepped), scaler["scale"], scaler["good_steps"], [c.op for c in log.calls],
                         [q.detach().cpu().clone() for q in stage.parameters()]))
@@ -109,7 +135,7 @@ def _reference_history(rank, growth_interval, lr):
     for step in range(STEPS):
         g = torch.Generator().manual_seed(100 * step + rank)
         grads = [torch.randn(q.shape, generator=g) * sc.scale for q in stage.parameters()]
-        found = step in OVERFLOW                        # on one stage, so on every stage
+        found = step in OVERFLOW                        # on one stage or more, so on every stage
         scale = sc.scale
         if sc.update(found):
             with torch.no_grad():
@@ -144,13 +170,12 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss sc
             if len(set(stepped)) > 1:
                 who = ", ".join(f"stage {r} {'stepped' if s else 'skipped'}" for r, s in enumerate(stepped))
                 raise ExerciseFailed(
-                    f"{exercise}: {world} stages, step {step}: {who}. The overflow was on one stage only; a pipeline "
+                    f"{exercise}: {world} stages, step {step}: {who}. The overflow: {_said(step)}; a pipeline "
                     f"step is one step of the whole model, so every stage must skip it together.\nHint: {hint}")
             for rank, got in enumerate(per_rank):
                 want = refs[rank][step]
                 if got[0] != want[0]:
-                    bad = ("run" if want[0] else
-                           "be skipped (a {2} gradient on stage {0} is {1})".format(*OVERFLOW[step]))
+                    bad = "run" if want[0] else f"be skipped ({_said(step)})"
                     raise ExerciseFailed(f"{exercise}: {world} stages, step {step}: your step "
                                          f"{'ran' if got[0] else 'was skipped'}; it should {bad}.\nHint: {hint}")
                 if (got[1], got[2]) != (want[1], want[2]):
@@ -170,5 +195,6 @@ def check_loss_scaling(scaled_sgd_step, exercise: str = "Exercise 14b.1 (loss sc
                     raise ExerciseFailed(
                         f"{exercise}: {world} stages, step {step}, stage {rank}: your step ran {got[3] or 'no '} "
                         f"collectives; how many does it take for every stage to agree on one bit?\nHint: {hint}")
-    passed(exercise, f"2 and 3 stages, {STEPS} steps with an inf or a NaN on one stage: every stage skips together, "
-                     f"scale and weights follow GradScaler's rules, one collective per step")
+    passed(exercise, f"2 and 3 stages, {STEPS} steps with an inf or a NaN on one stage, on two and on every stage at "
+                     f"once: every stage skips together, scale and weights follow GradScaler's rules, one collective "
+                     f"per step")
