@@ -43,3 +43,20 @@ def test_the_rendezvous_drawing_shows_what_the_run_printed():
     # c10d may call the rendezvous host's node 1: the drawing follows the run, the store beside rank 0
     ax = rendezvous(_workers(1), "127.0.0.1:40000", rdzv_host=0)
     assert "torchrun 0: GROUP_RANK 1" in [t.get_text() for t in ax.texts]
+
+
+def test_the_store_lines_are_drawn_above_the_node_boxes():
+    # each worker's dotted line to the workers' store must show over its node's filled box, not under it
+    ax = rendezvous(_workers(0), "127.0.0.1:40000", rdzv_host=0)
+    dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    boxes = [p for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb("#f7f7f7")]
+    assert len(dotted) == 4 and boxes and all(ln.get_zorder() > max(b.get_zorder() for b in boxes) for ln in dotted)
+
+
+def test_the_two_node_drawing_has_a_nic_per_gpu_and_the_labels_it_was_given():
+    from course_lib.viz.two_nodes import two_nodes
+
+    ax = two_nodes("NVLink: 300", "NIC: 25", gpus=8)
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("NIC 0") == 2 and sum(t.startswith("GPU ") for t in texts) == 16
+    assert [t.get_text() for t in ax.get_legend().get_texts()][::2] == ["NVLink: 300", "NIC: 25"]

@@ -105,7 +105,7 @@ def check_torchrun_line(torchrun_line, exercise: str = "Exercise 17.1") -> None:
                 f"{exercise}: torchrun_{(nnodes, node_rank, gpus, head, port)} gave {line!r}; torchrun reads "
                 + ", ".join(f"{k} as {shown[k]!r}" for k in wrong) + ".", hint))
         if local := _loopback_options(a):
-            raise ExerciseFailed(with_hint(f"{exercise}: {line!r} is a line for several \"nodes\" on one machine: "
+            raise ExerciseFailed(with_hint(f"{exercise}: {line!r} works on one machine only: "
                                            + "; ".join(local) + ".", hint))
         if a.local_addr:
             # the address this node advertises (c10d's _NodeDesc); the exercise gives no node its own address

@@ -63,8 +63,10 @@ def rendezvous(workers: list[dict], rdzv_endpoint: str, rdzv_host: int, ax=None)
     i0 = runs.index(zero["torchrun"])
     sx = i0 * (W + GAP) + (0.25 if i0 % 2 == 0 else W - 2.05)
     _box(ax, sx, zy - 1.05, 1.8, 0.7, "workers' store\n" + zero["master"], "#deebf7", edge=STORE, size=7)
+    # Above the node boxes (zorder 1), under the worker circles (zorder 2): each line ends on the store's box, so
+    # the other node's workers are seen reaching it across the network.
     for x, y in pos.values():
-        ax.plot([x, sx + 0.9], [y, zy - 0.7], color=STORE, lw=0.9, ls=":", zorder=0)
+        ax.plot([x, sx + 1.85], [y, zy - 0.7], color=STORE, lw=1.3, ls=":", zorder=1.5)
     h_left, h_right, h_y = agent[rdzv_host]
     for r, (left, right, y) in agent.items():
         if r != rdzv_host:
