@@ -140,10 +140,57 @@ def broadcast_into_a_copy(t, src):      # the right values, returned in a new te
     return out
 
 
+def bcast_chain_down(t, src):   # a chain src -> src-1 -> ... -> 0: ranks above src never receive
+    rank = dist.get_rank()
+    if rank < src:
+        dist.recv(t, src=rank + 1)
+    if 0 < rank <= src:
+        dist.send(t, dst=rank - 1)
+    return t
+
+
+def bcast_to_range_src(t, src):   # "the other ranks" slipped into range(src): ranks above src never receive
+    if dist.get_rank() == src:
+        for dst in range(src):
+            dist.send(t, dst=dst)
+    elif dist.get_rank() < src:
+        dist.recv(t, src=src)
+    return t
+
+
+def bcast_from_last(t, src):   # ignores src and always broadcasts from the last rank
+    return good_broadcast(t, dist.get_world_size() - 1)
+
+
+def bcast_binomial_tree(t, src):   # a correct broadcast written differently: a binomial tree on ranks relative to src
+    rank, world = dist.get_rank(), dist.get_world_size()
+    me, step = (rank - src) % world, 1
+    while step < world:
+        if me < step and me + step < world:
+            dist.send(t, dst=(me + step + src) % world)
+        elif step <= me < 2 * step:
+            dist.recv(t, src=(me - step + src) % world)
+        step *= 2
+    return t
+
+
+@pytest.mark.parametrize("wrong, rank", [(bcast_chain_down, 2), (bcast_to_range_src, 2), (bcast_from_last, 0)])
+def test_broadcast_tries_several_srcs(wrong, rank):
+    # each of these passes with src = the last rank; on 3 ranks the middle src (1) gives a rank the wrong tensor
+    with pytest.raises(ExerciseFailed, match=rf"with world_size=3, size=7, dtype=float32, src=1 on rank {rank}\."):
+        check_broadcast(wrong, worlds=(3,))
+
+
+def test_broadcast_accepts_a_tree(capsys):
+    check_broadcast(bcast_binomial_tree, worlds=(3, 5))
+    assert "✓ Exercise 4.2 passed" in capsys.readouterr().out
+
+
 def test_broadcast_passes_and_wrong_ones_are_named(capsys):
     check_broadcast(good_broadcast, worlds=(2, 3))
     assert "✓ Exercise 4.2 passed" in capsys.readouterr().out
-    with pytest.raises(ExerciseFailed, match=r"wrong result with world_size=2, size=1, dtype=float32 on rank 0") as e:
+    wrong = r"wrong result with world_size=2, size=1, dtype=float32, src=1 on rank 0"
+    with pytest.raises(ExerciseFailed, match=wrong) as e:
         check_broadcast(bcast_from_zero, worlds=(2,))
     assert "expected" in str(e.value) and "Hint" in str(e.value)
     with pytest.raises(ExerciseFailed, match=r"rank \d.s tensor itself does not hold the result \(it must work in"):
@@ -186,7 +233,8 @@ def test_deadlock_is_caught_fast_and_fix_passes(capsys):
     deadlocked = r"deadlocked: every rank waited for another with world_size=2, size=1"
     with pytest.raises(ExerciseFailed, match=deadlocked) as e:
         check_ring_exchange(ring_deadlock, worlds=(2,), timeout=3)
-    assert "rank 0 waits in dist.send(dst=1)" in str(e.value) and "which is waiting itself" in str(e.value)
+    assert "rank 0 waits in dist.send(dst=1)" in str(e.value) and "which is itself waiting" in str(e.value)
+    assert "(ring_deadlock, line" in str(e.value)    # the learner's own line, not the checker's wrapper
     assert "Hint: Read your traceback" in str(e.value)  # the hint points at the learner's own evidence
     with pytest.raises(ExerciseFailed, match=r"dist\.all_gather is switched off here"):
         check_ring_exchange(ring_by_all_gather, worlds=(2,))

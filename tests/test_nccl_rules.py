@@ -330,7 +330,7 @@ def ring_exchange(t):
         check_ring_exchange(original)
     message = str(info.value)
     assert "rank 0 waits in dist.send(dst=1)" in message and "rank 1 waits in dist.send(dst=0)" in message
-    assert "which is waiting itself" in message
+    assert "which is itself waiting" in message
     # the checker keeps the rule and the cycle, never the rule's fix (the exercise's answer)
     assert "Fix:" not in message and "batch_isend_irecv" not in message and "even ranks" not in message
 

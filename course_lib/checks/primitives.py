@@ -7,6 +7,7 @@ traffic every rank really sent (traffic.py): who talked to whom, how many bytes,
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import torch
@@ -91,10 +92,20 @@ def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1", worlds=WO
 
 
 # ---------------------------------------------------------------- broadcast from send/recv (notebook 04)
-def _from_last(fn, t):
+# One launch per world size runs every case, so each tensor size gets its own src: the last rank, a middle one
+# and 0. Two or more of them differ on every world size, which a broadcast that ignores src, or that only reaches
+# the ranks below it (range(src)) or above it, cannot pass.
+BROADCAST_SIZES = (1, 7, 12)
+
+
+def _src(world: int, size: int) -> int:
+    return {1: world - 1, 7: world // 2, 12: 0}[size]
+
+
+def _with_src(fn, t):
     import torch.distributed as dist
 
-    return fn(t, src=dist.get_world_size() - 1)
+    return fn(t, src=_src(dist.get_world_size(), t.numel()))
 
 
 def _torch_broadcast(t, src):
@@ -105,7 +116,7 @@ def _torch_broadcast(t, src):
 
 
 def _each_receives_once(case, records):
-    n, src = _nbytes(case), case.world - 1
+    n, src = _nbytes(case), _src(case.world, case.size)
     for rec in records:
         r, s = rec["rank"], summary(rec)
         want = 0 if r == src else n
@@ -116,14 +127,22 @@ def _each_receives_once(case, records):
     return None
 
 
+_CASE = re.compile(r"with world_size=(\d+), size=(\d+), dtype=\w+")
+
+
 def check_broadcast(my_broadcast, exercise: str = "Exercise 4.2", worlds=WORLDS):
-    """``my_broadcast(t, src)`` must leave src's tensor in ``t`` on every rank and return ``t`` (src: last rank)."""
-    return check_collective(
-        exercise, partial(_from_last, my_broadcast), partial(_from_last, _torch_broadcast), _distinct,
-        world_sizes=worlds, timeout=10, forbid="all", why="building broadcast from send/recv",
-        library=COURSE_COLLECTIVES, traffic=_each_receives_once, in_place=True,
-        hint=("Which rank has the data, and which ranks need it? The check uses a src that is not 0. What does each "
-              "rank hold, and return, afterwards?"))
+    """``my_broadcast(t, src)`` must leave src's tensor in ``t`` on every rank and return ``t``, for src = the last
+    rank, a middle rank and 0 (one per tensor size, named in a failure)."""
+    try:
+        return check_collective(
+            exercise, partial(_with_src, my_broadcast), partial(_with_src, _torch_broadcast), _distinct,
+            world_sizes=worlds, sizes=BROADCAST_SIZES, timeout=10, forbid="all",
+            why="building broadcast from send/recv", library=COURSE_COLLECTIVES, traffic=_each_receives_once,
+            in_place=True, hint=("Which rank has the data, and which ranks need it? The check tries several src "
+                                 "values, 0 and others. What does each rank hold, and return, afterwards?"))
+    except ExerciseFailed as exc:     # a case's text has no src: name the one it used
+        raise ExerciseFailed(_CASE.sub(lambda m: f"{m.group(0)}, src={_src(int(m.group(1)), int(m.group(2)))}",
+                                       str(exc))) from None
 
 
 # ---------------------------------------------------------------- all-gather from send/recv (notebook 04)

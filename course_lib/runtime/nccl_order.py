@@ -192,7 +192,7 @@ def _describe(cycle, records) -> str:
         nxt = cycle[(i + 1) % len(cycle)]
         steps.append(f"rank {r} waits in {records[r]['call']} ({records[r]['where']}) for rank {nxt}")
     return ("this would deadlock on NCCL, where a rank's sends, receives and collectives on one group run in the "
-            "order it issued them: " + "; ".join(steps) + ", which is waiting itself")
+            "order it issued them: " + "; ".join(steps) + ", which is itself waiting")
 
 
 _TORCH_DIR: list = []
@@ -210,14 +210,16 @@ def in_torch(filename: str) -> bool:
 
 
 def learner_line() -> str:
-    """Where the learner's code made the call: the nearest frame outside torch and this mode."""
+    """Where the learner's code made the call: the nearest frame outside torch, this mode and hidden wrappers."""
     import os
 
     course = os.path.dirname(os.path.abspath(__file__)) + os.sep
     fallback, frame = None, sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not in_torch(name) and not name.endswith(("nccl_order.py", "nccl_rules.py", "nccl_host.py")):
+        # a wrapper that marks itself hidden (pytest's and IPython's __tracebackhide__) is never the learner's line
+        hidden = "__tracebackhide__" in frame.f_code.co_varnames
+        if not (in_torch(name) or hidden or name.endswith(("nccl_order.py", "nccl_rules.py", "nccl_host.py"))):
             where = f"{frame.f_code.co_name}, line {frame.f_lineno}"
             if not name.startswith(course):
                 return where
