@@ -77,6 +77,30 @@ def test_14_1_refuses_the_librarys_clock_as_a_road_to_the_formula():
         check_min_microbatches(times_gpipe)
 
 
+def test_14_1_refuses_the_interleaved_replay_as_another_clock():
+    """Section 7's replay of a plan on the ideal clock, fed a GPipe order: the formula by a third road."""
+    from course_lib.training.interleaved import bubble, replay
+
+    def times_replay(p, target):
+        m = 1
+        while True:
+            order = {r: [("FORWARD", r, i) for i in range(m)] + [("FULL_BACKWARD", r, i) for i in range(m)]
+                     for r in range(p)}
+            if bubble(replay(order, p, 1), m) <= target:
+                return m
+            m += 1
+
+    with pytest.raises(ExerciseFailed, match=r"Exercise 14.1 .*switched off"):
+        check_min_microbatches(times_replay)
+
+
+def test_14_2_refuses_the_checkers_own_warm_up_builder():
+    from course_lib.checks.pipeline import _warm_1f1b
+
+    with pytest.raises(ExerciseFailed, match=r"Exercise 14.2 .*switched off"):
+        check_capped_order(lambda s, p, m, c: _warm_1f1b(s, p, m, min(p - s - 1, c - 1, m)))
+
+
 def test_14_1_accepts_numpys_integers_and_refuses_a_float(capsys):
     import numpy as np
 

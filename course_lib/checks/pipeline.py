@@ -21,6 +21,7 @@ from .core import ExerciseFailed, call_learner, not_attempted, passed
 from .switch_off import SwitchedOff
 
 PIPE = "course_lib.training.pipeline"
+INTERLEAVED = "course_lib.training.interleaved"   # a second ideal clock (section 7): the formula by another road
 
 
 def _switched_off(exercise: str, why: str, library=(), forbid=()):
@@ -64,7 +65,8 @@ def check_min_microbatches(min_microbatches, exercise: str = "Exercise 14.1 (mic
     # simulate too: building the schedules and timing them on the library's clock is the formula by another road
     with _refusals_fail(exercise, hint), _switched_off(exercise, "the bubble formula",
                                                       library=[f"{PIPE}.bubble_formula", f"{PIPE}.simulated_bubble",
-                                                               f"{PIPE}.simulate"]):
+                                                               f"{PIPE}.simulate", f"{INTERLEAVED}.replay",
+                                                               f"{INTERLEAVED}.bubble"]):
         try:
             answers = [min_microbatches(p, t) for p, t in cases]
         except NotImplementedError as e:
@@ -171,7 +173,8 @@ def check_capped_order(capped_order, exercise: str = "Exercise 14.2 (1F1B under 
             "check that every stage still receives the inputs it waits for.")
     with _refusals_fail(exercise, hint), _switched_off(exercise, "scheduling under a memory cap",
                                                       library=[f"{PIPE}.one_f_one_b_order", f"{PIPE}.gpipe_order",
-                                                               f"{__name__}._capped_reference"]):
+                                                               f"{__name__}._capped_reference",
+                                                               f"{__name__}._warm_1f1b"]):
         cases = [(p, m, cap) for p in range(2, 6) for m in range(1, 10) for cap in range(1, p + 1)]
         answers = {c: [[tuple(a) for a in call_learner(exercise, capped_order, s, *c, hint=hint)]
                        for s in range(c[0])] for c in cases}
