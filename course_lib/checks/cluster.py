@@ -200,4 +200,4 @@ def check_nic_plan(nic_plan, exercise: str = "Exercise 2.4") -> None:
     a100 = _nic_plan(hw.nvidia_smi_topo("nvidia_smi_topo_4xA100"))
     far = [gpu for gpu, (_, gdr) in a100.items() if not gdr]
     return passed(exercise, f"{len(cases)} servers; on the 4x A100 one, {' and '.join(far)} reach every NIC only "
-                            "across the CPUs")
+                            "across NUMA nodes")
