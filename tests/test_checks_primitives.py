@@ -235,7 +235,7 @@ def test_deadlock_is_caught_fast_and_fix_passes(capsys):
         check_ring_exchange(ring_deadlock, worlds=(2,), timeout=3)
     assert "rank 0 waits in dist.send(dst=1)" in str(e.value) and "which is itself waiting" in str(e.value)
     assert "(ring_deadlock, line" in str(e.value)    # the learner's own line, not the checker's wrapper
-    assert "Hint: Read your traceback" in str(e.value)  # the hint points at the learner's own evidence
+    assert "Hint: If it hung, read your traceback" in str(e.value)  # the hint points at the learner's own evidence
     with pytest.raises(ExerciseFailed, match=r"dist\.all_gather is switched off here"):
         check_ring_exchange(ring_by_all_gather, worlds=(2,))
 

@@ -87,8 +87,9 @@ def check_ring_exchange(ring_exchange, exercise: str = "Exercise 4.1", worlds=WO
         exercise, partial(blocking_call, exercise, ring_exchange), _torch_from_left, _distinct, world_sizes=worlds,
         sizes=(1, 7, 50_000), timeout=timeout, forbid="all", why="ordering send and recv so a ring cannot deadlock",
         library=("course_lib.collectives.p2p.exchange", *NON_BLOCKING), traffic=_one_message_right,
-        hint=("Read your traceback: which call was each rank waiting in? A blocking send on gloo waits until its peer "
-              "posts the matching recv. What happens when every rank does the same thing first?"))
+        hint=("If it hung, read your traceback: which call was each rank waiting in? A blocking send on gloo waits "
+              "until its peer posts the matching recv. What happens when every rank does the same thing first? If "
+              "a value is wrong: rank r must end with rank r-1's tensor; who sends to rank 0?"))
 
 
 # ---------------------------------------------------------------- broadcast from send/recv (notebook 04)
