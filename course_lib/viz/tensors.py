@@ -167,7 +167,7 @@ def _legend_handles(styles) -> list:
     handles = []
     if "copy" in kinds:
         handles.append(Patch(facecolor=PALETTE[0], alpha=0.55, edgecolor="#444444",
-                             label="colours: each rank's colour in before; an element keeps its source rank's"))
+                             label="colours: each rank's in before; a copied element keeps its source's"))
     if "combined" in kinds:
         handles.append(Patch(facecolor=PALETTE[0], alpha=0.55, edgecolor="#444444", hatch=HATCH,
                              label="hatched: combined from several elements of that colour"))
