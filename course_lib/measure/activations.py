@@ -81,7 +81,9 @@ class ActivationMeter:
             self.peak = max(self.peak, self.live)
             self.records.append((self.label, t.dtype, storage.nbytes()))
         self._refs[key] += 1
-        return _Held(t, self, key)
+        # a detached view of the same storage: the tensor itself would tie its own grad_fn (which holds this _Held)
+        # in a cycle gc cannot see through C++, kept alive by a graph dropped without a backward
+        return _Held(t.detach(), self, key)
 
     @staticmethod
     def _unpack(h):
