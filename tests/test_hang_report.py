@@ -108,7 +108,10 @@ def test_an_endless_loop_in_every_rank_of_a_ranks_cell_ends_at_its_deadline_with
             group.run_cell("y = 0\nwhile True:\n    y += 1\n")
         assert time.monotonic() - t0 < 3 + 5  # the deadline, the dump and the interrupt's grace
         text = str(info.value)
-        assert "ranks 0 and 1: cell line " in text and ("`while True:`" in text or "`y += 1`" in text)
+        # each rank is named at a line of the loop: together when both were stopped on the same line, apart when
+        # the stop found them on different lines of it (which depends on when it lands)
+        lines = re.findall(r"(ranks 0 and 1|rank 0|rank 1): cell line \d+: `(while True:|y \+= 1)`", text)
+        assert lines and {r for r, _ in lines} in ({"ranks 0 and 1"}, {"rank 0", "rank 1"}), text
         assert not info.value.restarted  # a Python loop stops at the interrupt: the variables stay
         assert group.pull("x") == [41, 41]
         with pytest.raises(CellTimeout, match="after 1 s"):  # a cell's own deadline (%%ranks --timeout 1)
