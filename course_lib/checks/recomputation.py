@@ -17,12 +17,11 @@ and full recomputation, the shortcut that also removes the s² term, fails the F
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
 from ..measure.activations import KeptBytes, TransformerLayer
+from ..measure.recompute import forward
 from ..training.threads import single_threaded
 from .core import ExerciseFailed, not_attempted, passed, with_hint
 
@@ -37,7 +36,6 @@ HINT = ("Which tensors in a layer have s x s entries per head, which ops make th
 def _run(how, s, b, h, a, dropout):
     """(bytes kept for backward, matrix FLOPs by op, gradients) for two layers run without checkpointing ("none"),
     with full recomputation ("full"), or under the selective policy `how`."""
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
@@ -45,15 +43,7 @@ def _run(how, s, b, h, a, dropout):
     x = torch.randn(s, b, h, requires_grad=True)
     with FlopCounterMode(display=False) as flops:
         with KeptBytes() as kept:
-            y = x
-            for layer in layers:
-                if how == "none":
-                    y = layer(y)
-                elif how == "full":
-                    y = checkpoint(layer, y, use_reentrant=False)
-                else:
-                    y = checkpoint(layer, y, use_reentrant=False,
-                                   context_fn=functools.partial(create_selective_checkpoint_contexts, how))
+            y = forward(layers, how, x)
         # x and y are the caller's; x counts, as the checkpoint keeps it (the notebook's cell counts it the same way)
         held = kept.bytes(exclude=[x, y, *layers.parameters()]) + x.untyped_storage().nbytes()
         y.sum().backward()

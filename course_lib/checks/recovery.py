@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from ..labs.elastic import LR, batch, make_model, reference_atol
+from ..labs.elastic import LR, batch, make_model, reference, reference_atol
 from ..runtime.devices import device
 from ..runtime.forkserver import get_server
 from ..runtime.launch import run
@@ -103,24 +103,8 @@ def _first_attempt(ckpt_dir: Path) -> None:
 
 
 def _reference(steps: int, world: int) -> dict[str, torch.Tensor]:
-    """labs.elastic.reference with this checker's schedule: one process, never interrupted, each rank's gradient
-    computed in turn, then averaged."""
-    model, opt = make_model()
-    for step in range(steps):
-        _schedule(opt, step)
-        grads = []
-        for rank in range(world):
-            opt.zero_grad()
-            x, y = batch(step, rank)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for i, p in enumerate(model.parameters()):
-            total = grads[0][i]
-            for g in grads[1:]:
-                total = total + g[i]
-            p.grad = total / world
-        opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """labs.elastic.reference with this checker's schedule: one process, never interrupted."""
+    return reference(steps, world, schedule=_schedule)
 
 
 def _state(model, opt) -> tuple[dict, list, list]:

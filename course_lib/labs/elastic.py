@@ -93,10 +93,13 @@ def train(steps: int, every: int, ckpt_dir: Path, kill_rank: int = -1, kill_step
     return report
 
 
-def reference(steps: int, world: int) -> dict[str, torch.Tensor]:
-    """The same training in one process, never interrupted: each rank's gradient computed in turn, then averaged."""
+def reference(steps: int, world: int, schedule=None) -> dict[str, torch.Tensor]:
+    """The same training in one process, never interrupted: each rank's gradient computed in turn, then averaged
+    (``schedule(opt, step)``, when given, runs before each step: a checker's learning-rate changes)."""
     model, opt = make_model()
     for step in range(steps):
+        if schedule is not None:
+            schedule(opt, step)
         grads = []
         for rank in range(world):
             opt.zero_grad()
