@@ -92,9 +92,9 @@ def test_library_data_and_docs_say_nothing_about_how_the_course_was_made():
     assert not found, "text that does not belong in course material:\n" + "\n".join(found)
 
 
-# One sitting per notebook: the prose a learner reads before the closing "Going deeper" (the course's design rule
-# is about 3,000 words; 3,050 leaves room for a figure caption, not for another topic).
-SITTING_WORDS = 3050
+# One sitting per notebook: the prose a learner reads before the closing "Going deeper" (the course's design rule:
+# at most about 3,000 words).
+SITTING_WORDS = 3000
 
 
 def _words_before_going_deeper(path: Path) -> int:
