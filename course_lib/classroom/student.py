@@ -195,7 +195,8 @@ def cells_needed(nb: dict) -> list[int]:
     """Indices of the code cells that can behave differently in a student copy, and the cells they need (of a
     worked notebook or of its student copy).
 
-    Kept: every exercise cell (solution and check), every later cell that reads what a solution defines
+    Kept: the first code cell (imports, and the folders later cells write into), every exercise cell (solution and
+    check), every later cell that reads what a solution defines
     (transitively), every cell those cells read from (transitively), and magics (%ranks start, %%ranks: the ranks'
     state). Nothing after the last check cell. What is left out are demos that neither use an exercise nor feed
     one: they run exactly as in the worked notebook, whose own run tests them.
@@ -217,7 +218,7 @@ def cells_needed(nb: dict) -> list[int]:
         except SyntaxError:
             pass
     info = {i: _names(_source(cells[i]), frozenset(modules)) for i in code if i <= last}
-    keep = set(solutions) | set(checks)
+    keep = {code[0]} | set(solutions) | set(checks)   # a student copy, like the worked one, starts with its set-up
     tainted: set[str] = set()
     for i in sorted(info):                # forward: what the solutions define, and what is computed from it
         bound, read, _ = info[i]
