@@ -31,6 +31,10 @@ def __getattr__(name: str):
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext course_lib``: the ``%ranks`` / ``%%ranks`` magic of persistent ranks (notebook 05b)."""
+    from .runtime.forkserver import start_early
+
+    # before the magic's own imports (torch): the rank server's torch import then runs beside this kernel's
+    start_early(("course_lib.runtime.interactive_rank",))
     from .runtime.ranks_magic import load_ipython_extension as load
 
     load(ipython)

@@ -353,10 +353,40 @@ def test_the_rank_server_preloads_dynamo_only_for_kernels_that_will_use_it():
     assert optim.stdout.strip() == "('torch._dynamo',)", optim.stderr  # an optimizer imported torch._dynamo here
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class CountCalls(TorchDispatchMode):  # a learner's own dispatch mode, as CommLog is one
+    class CountCalls(TorchDispatchMode):  # a learner's own dispatch mode, with torch's dynamo guard
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     assert rank_preloads() == ("torch._dynamo",)
     del CountCalls
     gc.collect()
+    quiet = ("from torch.utils._python_dispatch import TorchDispatchMode\n"   # opts out, as the course's own modes do
+             "class Quiet(TorchDispatchMode):\n"
+             "    @classmethod\n    def _should_skip_dynamo(cls):\n        return False\n" + code)
+    opted_out = subprocess.run([sys.executable, "-c", quiet], capture_output=True, text=True, timeout=60)
+    assert opted_out.stdout.strip() == "()", opted_out.stderr
+
+
+IMPORTED = notebook_function(
+    """
+    import sys
+    def imported(name):
+        return name in sys.modules
+    """,
+    "imported",
+)
+
+
+def test_the_rank_server_imports_the_library_modules_a_launch_sends_by_name():
+    """A checker launches a function of its own module, with library functions as arguments: cloudpickle sends them
+    by name, so the rank server imports their modules once rather than every rank at every launch."""
+    from course_lib.checks import basics, core
+    from course_lib.runtime.launch import _library_modules
+
+    args = ("Exercise 0.1", ALLREDUCE, basics._torch_max, basics.rank_values, [core.Case(2, 1, torch.float32)])
+    assert _library_modules(core._cases, args, {}) == ("course_lib.checks.core", "course_lib.checks.basics")
+    assert _library_modules(ALLREDUCE, (torch.ones(1), 3), {"f": print}) == ()   # the notebook's own: by value
+    got = run(basics.rank_values, 2, args=(1, 2, 5, torch.int64), output="none").values
+    assert all(torch.equal(g, basics.rank_values(1, 2, 5, torch.int64)) for g in got)
+    # a notebook function that imports nothing finds the module in every rank: the server had imported it
+    assert run(IMPORTED, 2, args=("course_lib.checks.basics",), output="none").values == [True, True]

@@ -10,7 +10,8 @@
 - memory: bytes a rank holds by category, and the ZeRO paper's formulas; activations: bytes autograd saves for
   backward, per layer (14); peak_memory: the most memory a call's tensors held at once (15).
 
-The algorithms these measure live in course_lib.training. Submodules are imported on use: comm_log's first use
-costs seconds per rank (it imports torch._dynamo), and the rank server preloads that only for kernels that will
-need it (course_lib.runtime.rank_process.rank_preloads).
+The algorithms these measure live in course_lib.training. Submodules are imported on use. The dispatch modes of
+comm_log, alltoall_log and peak_memory opt out of torch's dynamo guard (``_should_skip_dynamo``), whose first use
+imports torch._dynamo (seconds per rank), so a kernel that imports them keeps the rank server's fast start
+(course_lib.runtime.rank_process.rank_preloads).
 """

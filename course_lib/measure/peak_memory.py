@@ -2,10 +2,11 @@
 tensor it made (notebook 15b).
 
 On a GPU: torch.cuda's allocator statistics (max_memory_allocated after reset_peak_memory_stats). On the CPU, which
-keeps no such statistics: torch.profiler with profile_memory records every allocation and free, and its memory
-timeline (the one `export_memory_timeline` draws; torch.profiler._memory_profiler, private but present since
-torch 2.1 and checked by tests/test_ring_attention.py) replays them in order; the largest running total is the
-peak. Tensors that existed before the call are not counted.
+keeps no such statistics: torch's profiler (torch.autograd.profiler.profile, the one torch.profiler.profile wraps)
+with profile_memory records every allocation and free, and its memory timeline (the one `export_memory_timeline`
+draws; torch.profiler._memory_profiler, private but present since torch 2.1 and checked by
+tests/test_ring_attention.py) replays them in order; the largest running total is the peak. Tensors that existed
+before the call are not counted.
 
 LargestTensor reads every operation's result at the dispatcher (any device, no profiler): a checker uses it to see
 whether a learner's ring attention ever built a tensor bigger than one block of scores, as gathering every rank's
@@ -33,13 +34,15 @@ def peak_bytes(fn, device: torch.device | str = "cpu"):
         out = fn()
         torch.cuda.synchronize(device)
         return out, torch.cuda.max_memory_allocated(device) - base
-    from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import Action
+    from torch.autograd.profiler import profile
+    from torch.profiler._memory_profiler import Action, MemoryProfile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    # The profiler torch.profiler.profile wraps, and the timeline its _memory_profile() builds from it: the wrapper's
+    # start asks hasattr(torch, "_inductor"), which imports torch._inductor and torch._dynamo (seconds per rank).
+    with profile(use_kineto=True, profile_memory=True, record_shapes=True, with_stack=True) as prof:
         out = fn()
     live = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:
+    for _, action, _, size in MemoryProfile(prof.kineto_results).timeline:
         if action == Action.CREATE:
             live += size
         elif action == Action.DESTROY:

@@ -72,7 +72,9 @@ def rank_preloads() -> tuple[str, ...]:
     torch imports torch._dynamo on the first use of FSDP2, DTensor, a TorchDispatchMode or any torch.optim optimizer:
     2-6 s per rank per launch on 2 cores, about 3 s once in the server. A kernel that imported FSDP2 or DTensor,
     defined its own dispatch mode, or has already paid for torch._dynamo itself (it built an optimizer, a DDP model,
-    a reference run) will use them in its ranks too; any other kernel keeps the server's fast start.
+    a reference run) will use them in its ranks too; any other kernel keeps the server's fast start. A dispatch mode
+    whose ``_should_skip_dynamo()`` is False (the course's CommLog, AllToAllLog, ...) is not wrapped in torch's dynamo
+    guard, so it imports nothing and needs no preload.
     """
     if any(name in sys.modules for name in ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor")):
         return ("torch._dynamo",)
@@ -81,7 +83,7 @@ def rank_preloads() -> tuple[str, ...]:
         stack = list(dispatch.TorchDispatchMode.__subclasses__())
         while stack:
             cls = stack.pop()
-            if not cls.__module__.startswith("torch."):
+            if not cls.__module__.startswith("torch.") and cls._should_skip_dynamo():
                 return ("torch._dynamo",)
             stack.extend(cls.__subclasses__())
     return ()
