@@ -101,8 +101,8 @@ def test_measured_ps_and_ring_steps_sit_on_their_formulas():
     # compute (more than the (n-1)(alpha + M/B) = 5.9 ms of the later sends) the gradients of the first n - 1 no
     # longer arrive back to back, and the step is compute + (n+1)(alpha + M/B), (n-1) M/B under the formula
     lnk = netem.link("100 MbE")
-    (ps3,) = [r for r in scaling.measure("100 MbE", workers=(3,), steps=2, hidden=64, compute_s=0.01)
-              if r["arch"] == "ps"]
+    (ps3,) = scaling.measure("100 MbE", workers=(3,), steps=2, hidden=64, compute_s=0.01, archs=("ps",))
+    assert ps3["arch"] == "ps"
     m = ps3["model_bytes"]
     assert ps3["measured_s"] == pytest.approx(0.01 + 4 * (lnk.alpha + m * lnk.beta), rel=1e-9)
     assert ps3["projected_s"] - ps3["measured_s"] == pytest.approx(2 * m * lnk.beta, rel=1e-6)

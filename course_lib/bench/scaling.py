@@ -35,11 +35,14 @@ def _step(arch: str, n: int, steps: int, hidden: int, lnk, compute_s: float, tim
 
 
 def measure(link_name: str = "100 MbE", workers=(1, 2, 4), steps: int = 3, hidden: int = 256,
-            compute_s: float = 0.0) -> list[dict]:
-    """Rows {arch, n, model_bytes, compute_s, measured_s, projected_s, error} for each arch and worker count."""
+            compute_s: float = 0.0, archs=("ps", "ring")) -> list[dict]:
+    """Rows {arch, n, model_bytes, compute_s, measured_s, projected_s, error} for each arch and worker count
+    (`archs`: "ps", "ring" or both; each point is a launch, so measure only what will be read)."""
+    if not archs or set(archs) - {"ps", "ring"}:
+        raise ValueError(f"archs must name 'ps', 'ring' or both, got {archs!r}")
     lnk = get_link(link_name)
     rows = []
-    for arch in ("ps", "ring"):
+    for arch in archs:
         for n in workers:
             measured, m = _step(arch, n, steps, hidden, lnk, compute_s)
             projected = ps_step(n, m, lnk, 1, compute_s) if arch == "ps" else ring_step(n, m, lnk, compute_s)
