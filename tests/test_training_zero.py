@@ -18,14 +18,15 @@ STEPS, BATCH, HIDDEN = 3, 16, 32      # hidden 32: a 10-row last layer does not 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda p: f"p={p}")
 def runs(request):
+    """float32 (bytes, traffic) and the float64 rerun (weights) of every scheme, in one launch as notebook 12 runs
+    them (test_float64_rerun_equals_a_launch_of_its_own: the first run leaves nothing behind that changes it)."""
     p = request.param
-    return p, run_schemes(p, steps=STEPS, batch_size=BATCH, hidden=HIDDEN, timeout=120)
+    out, exact = run_schemes(p, steps=STEPS, batch_size=BATCH, hidden=HIDDEN, float64_rerun=True, timeout=120)
+    return p, out, exact
 
 
-@pytest.mark.parametrize("p", [2, 3, 4])
-def test_every_scheme_ends_with_single_process_adam_weights(p):
-    out = run_schemes(p, steps=STEPS, batch_size=BATCH, hidden=HIDDEN, dtype=torch.float64, comm_log=False,
-                      timeout=120)
+def test_every_scheme_ends_with_single_process_adam_weights(runs):
+    p, _, out = runs
     ref, ref_losses = train_single_adam(p, STEPS, BATCH, hidden=HIDDEN, dtype=torch.float64)
     tol = adam_atol(STEPS, 1e-3, p * BATCH, HIDDEN)
     assert set(out) == set(SCHEMES)
@@ -38,8 +39,17 @@ def test_every_scheme_ends_with_single_process_adam_weights(p):
     assert max_diff(ref, train_single_adam(p, 0, BATCH, hidden=HIDDEN, dtype=torch.float64)[0]) > 1e-3   # it learned
 
 
+def test_float64_rerun_equals_a_launch_of_its_own():
+    schemes, kw = ("ZeRO-2", "ZeRO-3", "FSDP2"), dict(steps=STEPS, batch_size=BATCH, hidden=HIDDEN, timeout=120)
+    alone = run_schemes(2, schemes, dtype=torch.float64, comm_log=False, **kw)
+    _, rerun = run_schemes(2, schemes, float64_rerun=True, **kw)
+    for s in schemes:
+        for a, b in zip(alone[s], rerun[s]):
+            assert torch.equal(a["params"], b["params"]) and a["losses"] == b["losses"], s
+
+
 def test_memory_measured_equals_formula(runs):
-    p, out = runs
+    p, out, _ = runs
     for scheme, ranks in out.items():
         shapes = ranks[0]["shapes"]
         for r, v in enumerate(ranks):
@@ -56,7 +66,7 @@ def test_memory_measured_equals_formula(runs):
 
 
 def test_traffic_measured_equals_formula(runs):
-    p, out = runs
+    p, out, _ = runs
     for scheme, ranks in out.items():
         want = ring_bytes_formula(scheme, ranks[0]["shapes"], p)
         for v in ranks:
@@ -73,7 +83,7 @@ def test_traffic_measured_equals_formula(runs):
 
 
 def test_stage3_holds_one_gathered_layer_at_a_time(runs):
-    p, out = runs
+    p, out, _ = runs
     shapes = out["ZeRO-3"][0]["shapes"]
     layers = [(math.ceil(w[0] / p) * p) * (w[1] + 1) * 4 for w in shapes[::2]]    # padded weight + bias bytes
     assert all(v["gathered_peak"] == max(layers) for v in out["ZeRO-3"])

@@ -234,16 +234,25 @@ def held_by_fsdp2(shapes, p: int, rank: int) -> dict:
     return out
 
 
-def train_schemes(schemes=SCHEMES, **kw) -> dict:
+def train_schemes(schemes=SCHEMES, float64_rerun: bool = False, **kw) -> dict | tuple[dict, dict]:
     """Run on every rank: each scheme in turn in the same rank processes ({scheme: result}); kw go to zero_train /
-    fsdp.fsdp_train."""
-    return {s: fsdp_train(**kw) if s == "FSDP2" else zero_train(SCHEMES.index(s), **kw) for s in schemes}
+    fsdp.fsdp_train. float64_rerun: then every scheme again in float64 without the traffic count (the weights'
+    comparison, tolerance.py), in the same processes rather than a second launch; returns both dicts."""
+    out = {s: fsdp_train(**kw) if s == "FSDP2" else zero_train(SCHEMES.index(s), **kw) for s in schemes}
+    if not float64_rerun:
+        return out
+    return out, train_schemes(schemes, **dict(kw, dtype=torch.float64, comm_log=False))
 
 
-def run_schemes(world_size: int, schemes=SCHEMES, timeout: float = 120, **kw) -> dict:
-    """From the kernel: check the scheme names, then one launch of train_schemes; {scheme: [result of each rank]}."""
+def run_schemes(world_size: int, schemes=SCHEMES, timeout: float = 120, float64_rerun: bool = False,
+                **kw) -> dict | tuple[dict, dict]:
+    """From the kernel: check the scheme names, then one launch of train_schemes; {scheme: [result of each rank]}
+    (float64_rerun: a pair of them, the run as asked and its float64 rerun)."""
     bad = [s for s in schemes if s not in SCHEMES]
     if bad:
         raise ValueError(f"unknown scheme(s) {bad}: choose from {SCHEMES}")
-    res = run(train_schemes, world_size=world_size, args=(tuple(schemes),), kwargs=kw, output="none", timeout=timeout)
-    return {s: [v[s] for v in res.values] for s in schemes}
+    res = run(train_schemes, world_size=world_size, args=(tuple(schemes), float64_rerun), kwargs=kw, output="none",
+              timeout=timeout)
+    per_scheme = [{s: [v[s] for v in values] for s in schemes}
+                  for values in (zip(*res.values) if float64_rerun else [res.values])]
+    return tuple(per_scheme) if float64_rerun else per_scheme[0]
