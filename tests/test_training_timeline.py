@@ -49,3 +49,25 @@ def test_plot_lanes_marks_a_moment_across_every_rank():
     assert [line.get_xdata()[0] for line in ax.lines] == [250.0]
     assert any(t.get_text().strip() == "all workers ready" for t in ax.texts)
     matplotlib.pyplot.close("all")
+
+
+def test_regions_only_timeline_times_the_regions_without_the_profiler():
+    """Timeline(torch_ops=False), notebook 14's pipeline stages: the regions on time.perf_counter, nested ones too,
+    and nothing of torch's own ops; Timeline(False) records nothing."""
+    import torch
+
+    from course_lib.measure.timeline import Timeline, region
+
+    with Timeline(torch_ops=False) as tl:
+        with region("compute", "F"):
+            with region("comm", "inner"):
+                torch.ones(8).sum()
+        with region("wait", "w"):
+            pass
+    assert [e[:2] for e in tl.events] == [("compute", "F"), ("comm", "inner"), ("wait", "w")]
+    (_, _, f0, f1), (_, _, i0, i1), (_, _, w0, w1) = tl.events
+    assert 0 <= f0 <= i0 <= i1 <= f1 <= w0 <= w1 < 5
+    with Timeline(False, torch_ops=False) as off:
+        with region("compute", "F"):
+            pass
+    assert off.events == []

@@ -218,7 +218,9 @@ def train_stage(step_fn, steps: int = 3, m: int = 4, batch: int = 32, lr: float 
                 hidden: int = 256, fwd_s: float = 0.0, record: bool = False, data=None, groups=None) -> dict:
     """On every rank: its stage trained with SGD, each step's gradients from `step_fn(stage, xs, ys, m)` (one
     pipeline step with send/recv; returns the last stage's micro-batch losses). With `record`, the last step runs
-    under a Timeline; every step under an ActivationMeter: the peak bytes kept for backward, one micro-batch's.
+    under a Timeline (its compute regions only, see Stage) and only that step has the emulated compute `fwd_s`: the
+    steps before it bring the weights there, and their sleeps would show nowhere. Every step runs under an
+    ActivationMeter: the peak bytes kept for backward, one micro-batch's.
     `data`: the digits (x, y) if the caller has them already (parsing them costs every rank a moment); `groups`:
     make_stage's maker of the (forward, backward) process groups."""
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -226,11 +228,13 @@ def train_stage(step_fn, steps: int = 3, m: int = 4, batch: int = 32, lr: float 
     stage = make_stage(p, rank, layers, hidden, fwd_s, meter, groups).to(device())
     data, losses, events = data or load_digits(), [], []
     for step in range(steps):
+        recorded = record and step == steps - 1
+        stage.fwd_s = fwd_s if recorded or not record else 0.0
         xs, ys = microbatches(data, step, batch, m)
         xs, ys = [x.to(device()) for x in xs], [y.to(device()) for y in ys]
         stage.zero_grad()
         meter.peak, meter.records = meter.live, []
-        with Timeline(record and step == steps - 1) as tl:
+        with Timeline(recorded, torch_ops=False) as tl:
             losses.append(sum(step_fn(stage, xs, ys, m) or []))
         events = tl.events or events
         with torch.no_grad():
