@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.collections import PatchCollection
 
 PALETTE = plt.get_cmap("tab10").colors
 
@@ -55,11 +56,16 @@ def plot_layout_on_nodes(degrees: dict[str, int], placement: dict[str, dict], gp
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2.4, 1]})
     strides = {n: int(np.prod([degrees[m] for m in names[:i]])) for i, n in enumerate(names)}
     coord = {n: (lambda r, n=n: (r // strides[n]) % degrees[n]) for n in names}
+    boxes, colours = [], []
     for node in range(nodes):
         for g in range(gpus_per_node):
             r = node * gpus_per_node + g
-            ax.add_patch(plt.Rectangle((node, g), 0.92, 0.92, color=PALETTE[coord[color_by](r) % 10], alpha=0.75))
-            ax.text(node + 0.46, g + 0.46, str(coord[label_by](r)), ha="center", va="center", fontsize=6)
+            boxes.append(plt.Rectangle((node, g), 0.92, 0.92))
+            colours.append(PALETTE[coord[color_by](r) % 10])
+            label = ax.text(node + 0.46, g + 0.46, str(coord[label_by](r)), ha="center", va="center", fontsize=6)
+            label.set_in_layout(False)                      # inside the axes: tight_layout need not measure it
+    # one collection, not a patch per GPU: each add_patch updates the axes' limits (half the build time at 384 GPUs)
+    ax.add_collection(PatchCollection(boxes, facecolors=colours, edgecolors=colours, alpha=0.75))
     level = -0.4
     for n in names[1:]:                                     # where the first group of each outer dimension lies
         w = placement[n]
