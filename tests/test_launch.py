@@ -381,11 +381,11 @@ def test_the_rank_server_imports_the_library_modules_a_launch_sends_by_name():
     """A checker launches a function of its own module, with library functions as arguments: cloudpickle sends them
     by name, so the rank server imports their modules once rather than every rank at every launch."""
     from course_lib.checks import basics, core
-    from course_lib.runtime.launch import _library_modules
+    from course_lib.runtime.rank_process import library_modules
 
     args = ("Exercise 0.1", ALLREDUCE, basics._torch_max, basics.rank_values, [core.Case(2, 1, torch.float32)])
-    assert _library_modules(core._cases, args, {}) == ("course_lib.checks.core", "course_lib.checks.basics")
-    assert _library_modules(ALLREDUCE, (torch.ones(1), 3), {"f": print}) == ()   # the notebook's own: by value
+    assert library_modules(core._cases, args, {}) == ("course_lib.checks.core", "course_lib.checks.basics")
+    assert library_modules(ALLREDUCE, (torch.ones(1), 3), {"f": print}) == ()   # the notebook's own: by value
     got = run(basics.rank_values, 2, args=(1, 2, 5, torch.int64), output="none").values
     assert all(torch.equal(g, basics.rank_values(1, 2, 5, torch.int64)) for g in got)
     # a notebook function that imports nothing finds the module in every rank: the server had imported it

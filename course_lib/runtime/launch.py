@@ -39,7 +39,7 @@ from .machine_limits import check_platform, check_world_size
 from .nccl_rules import wanted
 from .protocol import DRAIN_S, SETUP_ATTEMPTS, STOP_GRACE_S, WATCH_SLACK_S
 from .rank_failure import RankFailure, first_of, resolve_frames, unpaired_calls
-from .rank_process import RankProcess, end_ranks, payload, rank_preloads, spawn
+from .rank_process import RankProcess, end_ranks, library_modules, payload, rank_preloads, spawn
 from .results import RankFailed, RankTimeout, RunResult
 from .stacks import dump, flight_records, main_frames, report, where
 
@@ -257,7 +257,7 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
             "Pass data the ranks can receive (tensors, numbers, lists), and open files or sockets inside the function."
         ) from None
 
-    preload = _library_modules(fn, tuple(args), dict(kwargs or {}))
+    preload = library_modules(fn, tuple(args), dict(kwargs or {}))
     for attempt in range(1, SETUP_ATTEMPTS + 1):
         launch = _launch_once(the_plan, fn_bytes, float(timeout), check_collectives, init, output,
                               wanted(nccl_rules, backend, the_plan.backend), preload)
@@ -273,14 +273,6 @@ def run(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
             return launch.result(fn)
         except RankFailed as err:
             raise err.with_traceback(None) from None
-
-
-def _library_modules(fn, args: tuple, kwargs: dict) -> tuple[str, ...]:
-    """The course_lib modules of ``fn`` and of the functions and classes passed to it. cloudpickle sends these by
-    name, so every rank would import them (a checker's module, and the launcher it imports: 0.1-0.3 s per rank on 2
-    cores, at every launch); the rank server imports them once instead, as it does torch."""
-    values = [v for v in (fn, *args, *kwargs.values()) if inspect.isfunction(v) or inspect.isclass(v)]
-    return tuple(dict.fromkeys(v.__module__ for v in values if str(v.__module__).startswith("course_lib.")))
 
 
 def _launch_once(the_plan, fn_bytes, timeout, check_collectives, init, output, rules=False, preload=()) -> _Launch:
