@@ -42,10 +42,7 @@ def _by_fsdps_scaler(stage, lr, scaler):        # its own flag, then ShardedGrad
     return True
 
 
-def _whole_gradient_summed(stage, lr, scaler):  # DDP's habit: all-reduce a copy of every gradient, test the sum
-    flat = torch.cat([q.grad.reshape(-1) for q in stage.parameters()]).clone()
-    dist.all_reduce(flat)
-    ok = bool(torch.isfinite(flat).all())
+def _apply_scaler(stage, lr, scaler, ok):      # GradScaler's rules once a wrong method has decided whether to step
     if not ok:
         scaler["scale"] *= 0.5
         scaler["good_steps"] = 0
@@ -58,6 +55,12 @@ def _whole_gradient_summed(stage, lr, scaler):  # DDP's habit: all-reduce a copy
         scaler["scale"] *= 2
         scaler["good_steps"] = 0
     return True
+
+
+def _whole_gradient_summed(stage, lr, scaler):  # DDP's habit: all-reduce a copy of every gradient, test the sum
+    flat = torch.cat([q.grad.reshape(-1) for q in stage.parameters()]).clone()
+    dist.all_reduce(flat)
+    return _apply_scaler(stage, lr, scaler, bool(torch.isfinite(flat).all()))
 
 
 def test_14b_1_refuses_fsdps_sharded_scaler():
@@ -74,18 +77,7 @@ def _exactly_one_flag(stage, lr, scaler):      # SUM of 0/1 flags read as "== 1"
     flag = torch.tensor([float(not all(torch.isfinite(q.grad).all() for q in stage.parameters()))],
                         device=stage.weight.device)
     dist.all_reduce(flag)
-    if flag.item() == 1.0:
-        scaler["scale"] *= 0.5
-        scaler["good_steps"] = 0
-        return False
-    with torch.no_grad():
-        for q in stage.parameters():
-            q -= lr * q.grad / scaler["scale"]
-    scaler["good_steps"] += 1
-    if scaler["good_steps"] == scaler["growth_interval"]:
-        scaler["scale"] *= 2
-        scaler["good_steps"] = 0
-    return True
+    return _apply_scaler(stage, lr, scaler, flag.item() != 1.0)
 
 
 def _by_torchs_grad_scaler(stage, lr, scaler):  # torch's GradScaler does the unscale, the check and the update
