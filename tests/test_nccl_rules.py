@@ -214,9 +214,14 @@ def f():
         x = y
     w = dist.all_reduce(x, async_op=True)
     w.wait()
+    whole = torch.empty(5 * p, device=device())
+    dist.all_gather_single(whole, x)              # torch 2.13's names for the single-tensor forms
+    piece = torch.empty(5, device=device())
+    dist.reduce_scatter_single(piece, whole)
+    dist.reduce_scatter_tensor(piece, whole * 2)  # which itself calls reduce_scatter_single: wrapped once
     objs = [None] * p
     dist.all_gather_object(objs, {"rank": r})
-    return x, torch.stack(parts), objs
+    return x + piece, torch.stack(parts), objs
 """, "f", device=lambda: torch.device("cpu"))
 
 
@@ -368,3 +373,16 @@ def test_every_wrapped_collective_completes_under_the_mode_with_the_same_numbers
     plain = run(EVERY_COLLECTIVE, 3, args=(async_op,), timeout=30, output="none").values
     ruled = run(EVERY_COLLECTIVE, 3, args=(async_op,), timeout=30, output="none", nccl_rules=True).values
     assert ruled == plain
+
+
+def test_the_mode_wraps_every_tensor_collective_of_the_one_operator_table():
+    # The mode's list of wrapped functions is its own (the runtime imports no instrument), so it must not drift from
+    # measure/c10d_ops.py: every public tensor collective of torch.distributed there, plus barrier (issue order).
+    import torch.distributed as dist
+
+    from course_lib.measure.c10d_ops import ALL_COLLECTIVES, COLLECTIVES
+    from course_lib.runtime import nccl_rules
+
+    table = {n for c in ALL_COLLECTIVES for n in COLLECTIVES[c][0]
+             if hasattr(dist, n) and "object" not in n and not n.startswith("_")}
+    assert set(nccl_rules._COLLECTIVES) == table | {"barrier"}

@@ -21,10 +21,10 @@ from .nccl_rulebook import BAD_OPS, NCCL_DTYPES, NcclRuleBroken, broken
 ENV = "COURSE_NCCL_RULES"
 
 # gloo's reduce-scatter works report is_completed() only once waited for (measured on torch 2.13)
-_LAZY_ON_GLOO = ("reduce_scatter", "reduce_scatter_tensor")
+_LAZY_ON_GLOO = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
-                "all_reduce_coalesced", "all_gather_coalesced")
+                "all_reduce_coalesced", "all_gather_coalesced", "all_gather_single", "reduce_scatter_single")
 
 
 class _State:
