@@ -41,7 +41,7 @@ from .protocol import DRAIN_S, SETUP_ATTEMPTS, STOP_GRACE_S, WATCH_SLACK_S
 from .rank_failure import RankFailure, first_of, resolve_frames, unpaired_calls
 from .rank_process import RankProcess, end_ranks, library_modules, payload, rank_preloads, spawn
 from .results import RankFailed, RankTimeout, RunResult
-from .stacks import dump, flight_records, main_frames, report, where
+from .stacks import dump, hang_report, main_frames
 
 RUNNING, GRACE, SIGTERM, SIGKILL, DRAINED = "running", "grace", "SIGTERM", "SIGKILL", "drained"
 
@@ -119,20 +119,8 @@ class _Launch:
             self.stacks.update({r: main_frames(t) for r, t in texts.items() if main_frames(t)})
 
     def where(self, fn) -> str:
-        """One line per place the ranks were when the launch hung: dumped stacks and timed-out tracebacks."""
-        places = {}
-        for f in self.failures:  # a rank's own traceback first: its stack may have been dumped as it was leaving
-            if f.phase == "teardown":  # the course's end-of-run barrier, not the learner's code
-                places[f.rank] = "had returned from the function and waited for the others"
-            elif f.timed_out or f.consequence:  # waited there until the timeout, or until its peer left
-                places[f.rank] = where(resolve_frames(f.frames, fn))  # the headline says who timed out
-        places = {r: p for r, p in places.items() if p}
-        for r, frames in self.stacks.items():
-            if r not in places and where(resolve_frames(frames, fn)):
-                places[r] = where(resolve_frames(frames, fn))
-        for r, last in flight_records(self.folder).items():  # NCCL only: what the GPU was doing
-            places[r] = (places[r] + "; " if r in places else "") + f"NCCL's flight recorder: {last}"
-        return report(places) if places else ""
+        """One line per place the ranks were when the launch hung (stacks.hang_report)."""
+        return hang_report(self.failures, self.stacks, self.folder, fn)
 
     def _judge(self, rp: RankProcess) -> None:
         """Record how a finished rank failed, if it did; the first failure remembers who was still running."""

@@ -15,6 +15,8 @@ import re
 import signal
 import time
 
+from .rank_failure import resolve_frames
+
 DUMP_SIGNAL = signal.SIGUSR1
 _OPEN: list = []  # the rank's dump file stays open for its whole life
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
@@ -171,3 +173,21 @@ def report(places: dict[int, str]) -> str:
         by_place.setdefault(places[rank], []).append(rank)
     rows = [f"  {names(ranks)}: {place}" for place, ranks in by_place.items()]
     return "Where each rank was:\n" + "\n".join(rows)
+
+
+def hang_report(failures, stacks: dict, folder: str, fn) -> str:
+    """One line per place the ranks were when a launch hung: their own timed-out tracebacks, dumped stacks, and
+    NCCL's flight records (run()'s report, docs/ARCHITECTURE.md section 3)."""
+    places = {}
+    for f in failures:  # a rank's own traceback first: its stack may have been dumped as it was leaving
+        if f.phase == "teardown":  # the course's end-of-run barrier, not the learner's code
+            places[f.rank] = "had returned from the function and waited for the others"
+        elif f.timed_out or f.consequence:  # waited there until the timeout, or until its peer left
+            places[f.rank] = where(resolve_frames(f.frames, fn))  # the headline says who timed out
+    places = {r: p for r, p in places.items() if p}
+    for r, frames in stacks.items():
+        if r not in places and where(resolve_frames(frames, fn)):
+            places[r] = where(resolve_frames(frames, fn))
+    for r, last in flight_records(folder).items():  # NCCL only: what the GPU was doing
+        places[r] = (places[r] + "; " if r in places else "") + f"NCCL's flight recorder: {last}"
+    return report(places) if places else ""
