@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {"run": "runtime.launch", "device": "runtime.devices", "plan": "runtime.devices",
-          "LaunchError": "runtime.devices", "RankFailed": "runtime.results", "RankTimeout": "runtime.results",
+          "LaunchError": "runtime.results", "RankFailed": "runtime.results", "RankTimeout": "runtime.results",
           "RunResult": "runtime.results"}
 
 __all__ = ["run", "device", "plan", "LaunchError", "RankFailed", "RankTimeout", "RunResult"]
@@ -34,7 +34,7 @@ def load_ipython_extension(ipython) -> None:
     from .runtime.forkserver import start_early
 
     # before the magic's own imports (torch): the rank server's torch import then runs beside this kernel's
-    start_early(("course_lib.runtime.interactive_rank",))
+    start_early(("course_lib.runtime.persistent_rank",))
     from .runtime.ranks_magic import load_ipython_extension as load
 
     load(ipython)

@@ -178,7 +178,7 @@ def test_the_init_retry_rule():
     from types import SimpleNamespace
 
     from course_lib.runtime.launch import _Launch
-    from course_lib.runtime.rank_failure import RankFailure
+    from course_lib.runtime.rank_failure import FailureRecord
 
     def launch(failures, started=()):
         one = _Launch(None, None, 5.0, "none")
@@ -186,11 +186,11 @@ def test_the_init_retry_rule():
         one.failures = failures
         return one
 
-    init = lambda r: RankFailure(r, "raised", "connectFullMesh failed", 0.0, etype="RuntimeError", phase="init")  # noqa: E731
+    init = lambda r: FailureRecord(r, "raised", "connectFullMesh failed", 0.0, etype="RuntimeError", phase="init")  # noqa: E731
     assert launch([init(1)]).setup_failed()                 # one rank's failed join is enough
     assert launch([init(0), init(1), init(2)]).setup_failed()
     assert not launch([init(1)], started={0}).setup_failed()
-    assert not launch([init(1), RankFailure(0, "raised", "x", 0.0, etype="KeyError", phase="fn")]).setup_failed()
+    assert not launch([init(1), FailureRecord(0, "raised", "x", 0.0, etype="KeyError", phase="fn")]).setup_failed()
     assert not launch([]).setup_failed()
 
 

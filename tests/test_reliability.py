@@ -14,7 +14,7 @@ import pytest
 
 from course_lib import RankFailed, RankTimeout, run
 from course_lib.runtime.protocol import KILL_WAIT_S, STOP_GRACE_S, TERM_TO_KILL_S, WATCH_SLACK_S
-from course_lib.runtime.rank_failure import RankFailure, names
+from course_lib.runtime.rank_failure import FailureRecord, names
 from tests.conftest import ROOT, assert_all_gone, notebook_function, pids_in
 
 # The longest a launch may take to end once its ranks run: the deadline, the grace, then SIGTERM and SIGKILL.
@@ -127,7 +127,7 @@ def test_a_segfault_shows_its_stderr_or_says_there_was_none():
     assert str(err.value).startswith("rank 1 was killed by SIGSEGV (11), a crash inside C++ code: its last lines on "
                                      "stderr are below")
     assert "Last lines rank 1 wrote to stderr:\nnative code: bad pointer" in str(err.value)
-    quiet = RankFailure(1, "signal", "", 0.0, exitcode=-signal.SIGSEGV)
+    quiet = FailureRecord(1, "signal", "", 0.0, exitcode=-signal.SIGSEGV)
     assert quiet.headline() == ("rank 1 was killed by SIGSEGV (11), a crash inside C++ code; it wrote nothing to "
                                 "stderr before it died")
 

@@ -2,12 +2,12 @@
 
 import time
 
-from course_lib.runtime.rank_failure import RankFailure
+from course_lib.runtime.rank_failure import FailureRecord
 from course_lib.runtime.restart_policy import after_cell
 
 
-def _raised(rank: int, etype: str = "ValueError", message: str = "rank 1 cannot go on") -> RankFailure:
-    return RankFailure(rank=rank, kind="raised", message=message, time=time.time(), etype=etype)
+def _raised(rank: int, etype: str = "ValueError", message: str = "rank 1 cannot go on") -> FailureRecord:
+    return FailureRecord(rank=rank, kind="raised", message=message, time=time.time(), etype=etype)
 
 
 def test_gloo_keeps_the_group_after_a_rank_raised_while_the_others_finished():

@@ -148,7 +148,8 @@ def report(world_size: int = 2, backend: str = "auto", out=None) -> bool:
         return False
     import torch
 
-    from ..runtime.devices import LaunchError, backend_available, plan
+    from ..runtime.devices import backend_available, plan
+    from ..runtime.results import LaunchError
 
     cuda = torch.version.cuda
     hip = getattr(torch.version, "hip", None)

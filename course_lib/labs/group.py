@@ -11,7 +11,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..runtime.devices import LaunchError, node_gpu, node_gpus
+from ..runtime.devices import node_gpu, node_gpus
+from ..runtime.results import LaunchError
 
 # The restart race (data/restart_trials_2core.csv: with the shared store 8 of 10 single-node gloo runs met the dead
 # worker's address; 5 finished, 3 hung, 2 used up their restarts): by default torchrun's workers

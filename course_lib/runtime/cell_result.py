@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .rank_failure import RankFailure, first_of, names
+from .rank_failure import FailureRecord, first_of, names
 from .results import RankFailed
 
 
@@ -17,7 +17,7 @@ class CellFailed(RankFailed):
 
     done = "finished the cell"
 
-    def __init__(self, failure: RankFailure, others: list[RankFailure], still_running: list[int],
+    def __init__(self, failure: FailureRecord, others: list[FailureRecord], still_running: list[int],
                  finished: list[int], note: str = ""):
         self.finished, self.note = finished, note
         super().__init__(failure, others, still_running)
@@ -79,7 +79,7 @@ class CellResult:
         self.stderr = {r: "" for r in ranks}
         self.values: dict[int, str] = {}
         self.figures: dict[int, list[bytes]] = {r: [] for r in ranks}
-        self.failures: list[RankFailure] = []
+        self.failures: list[FailureRecord] = []
         self.finished: list[int] = []  # ranks whose cell ran to its end
         self.seconds = 0.0
 
@@ -130,7 +130,7 @@ def assemble(procs, ran, seconds: float) -> CellResult:
         if p.reply[0] == "died":
             code = p.reply[1]
             kind = "signal" if code is not None and code < 0 else "exit"
-            result.failures.append(RankFailure(p.rank, kind, f"exited with code {code} (its process is gone)",
+            result.failures.append(FailureRecord(p.rank, kind, f"exited with code {code} (its process is gone)",
                                                time.time(), exitcode=code, stderr_tail=tail))
             continue
         d = p.reply[2]
@@ -140,6 +140,6 @@ def assemble(procs, ran, seconds: float) -> CellResult:
             if "value" in d:
                 result.values[p.rank] = d["value"]
         else:
-            result.failures.append(RankFailure(p.rank, "raised", d["message"], d["time"], etype=d["etype"],
+            result.failures.append(FailureRecord(p.rank, "raised", d["message"], d["time"], etype=d["etype"],
                                                frames=d["frames"], traceback=d["traceback"], phase="fn"))
     return result

@@ -15,11 +15,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .results import LaunchError
+
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
-
-
-class LaunchError(ValueError):
-    """A launch request that cannot work; raised before any rank process starts."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Ending the processes the course starts: SIGTERM to each process group, SIGKILL later, one routine for all.
 
-Escalation is the only code in course_lib that signals a process to end it (docs/ARCHITECTURE.md, section 4):
+TermThenKill is the only code in course_lib that signals a process to end it (docs/ARCHITECTURE.md, section 4):
 run()'s ranks and persistent ranks step it from their own event loop; a torchrun node, a grading kernel and the
 rank server are ended by end_tree, which runs the same escalation on runtime.loop over the process and all below.
 """
@@ -49,7 +49,7 @@ def alive(pid: int) -> bool:
         return True
 
 
-class Escalation:
+class TermThenKill:
     """Ending processes still running: SIGTERM, SIGKILL ``term_s`` later, giving up KILL_WAIT_S after that.
 
     Each process is an object with ``pid`` and ``exit`` (None while running); ``stopped_by_us`` is set on it, so
@@ -119,7 +119,7 @@ def end_tree(pid, polite: bool = True, grace: float = 3.0) -> list[int]:
     if pid is None or pid <= 0:
         return []
     procs = [_Pid(pid, popen), *(_Pid(p) for p in descendants(pid))]
-    escalation = Escalation(procs, term_s=grace)
+    escalation = TermThenKill(procs, term_s=grace)
 
     def tick(now: float) -> None:
         if escalation.phase == "SIGTERM" and now - escalation.since >= escalation.term_s:

@@ -31,16 +31,16 @@ import tempfile
 import time
 from functools import partial
 
-from .devices import LaunchError, plan
-from .ending import Escalation
+from .devices import plan
+from .ending import TermThenKill
 from .forkserver import get_server, start_early
 from .loop import Loop
 from .machine_limits import check_platform, check_world_size
 from .nccl_rules import wanted
 from .protocol import DRAIN_S, SETUP_ATTEMPTS, STOP_GRACE_S, WATCH_SLACK_S
-from .rank_failure import RankFailure, first_of, resolve_frames, unpaired_calls
+from .rank_failure import FailureRecord, first_of, resolve_frames, unpaired_calls
 from .rank_process import RankProcess, end_ranks, library_modules, payload, rank_preloads, spawn
-from .results import RankFailed, RankTimeout, RunResult
+from .results import LaunchError, RankFailed, RankTimeout, RunResult
 from .stacks import dump, hang_report, main_frames
 
 RUNNING, GRACE, SIGTERM, SIGKILL, DRAINED = "running", "grace", "SIGTERM", "SIGKILL", "drained"
@@ -52,7 +52,7 @@ class _Launch:
     def __init__(self, server, the_plan, timeout: float, output: str):
         self.server, self.plan, self.timeout, self.output = server, the_plan, timeout, output
         self.ranks: list[RankProcess] = []
-        self.failures: list[RankFailure] = []
+        self.failures: list[FailureRecord] = []
         self.running_at_failure: list[int] = []
         self.unfinished_at_deadline: list[int] | None = None
         self.phase = RUNNING
@@ -69,7 +69,7 @@ class _Launch:
                 loop.watch(fd, partial(self._read, rp, kind))
         loop.watch(self.server.fileno(), self._pump)
         self._deadline = time.monotonic() + self.timeout + WATCH_SLACK_S
-        self._escalation, self._grace_end, self._judged = Escalation(self.ranks), 0.0, set()
+        self._escalation, self._grace_end, self._judged = TermThenKill(self.ranks), 0.0, set()
         loop.run(lambda: self.phase == DRAINED, tick=self._tick)
 
     def _tick(self, now: float) -> None:
@@ -128,16 +128,16 @@ class _Launch:
         # the wall clock of the exit, as a rank's own report carries one (time.time): first_of compares them
         exited = time.time() - (time.monotonic() - rp.exit_seen)
         if res is not None and not res["ok"]:
-            failure = RankFailure(rp.rank, "raised", res["message"], res["time"], etype=res["etype"],
+            failure = FailureRecord(rp.rank, "raised", res["message"], res["time"], etype=res["etype"],
                                   frames=res.get("frames", []), traceback=res["traceback"],
                                   stderr_tail=rp.tail("err"), phase=res.get("phase", ""))
         elif rp.stopped_by_us and rp.exit in (-15, -9):  # SIGTERM, SIGKILL: we ended it, it did not fail
             return
         elif rp.exit is not None and rp.exit < 0:  # a SIGABRT or SIGSEGV, even one that beat our signal
-            failure = RankFailure(rp.rank, "signal", "", exited, exitcode=rp.exit, stderr_tail=rp.tail("err"))
+            failure = FailureRecord(rp.rank, "signal", "", exited, exitcode=rp.exit, stderr_tail=rp.tail("err"))
         elif rp.exit != 0 or res is None:
             why = f"exited with code {rp.exit}" + ("" if res else " without returning a result")
-            failure = RankFailure(rp.rank, "exit", why, exited, exitcode=rp.exit, stderr_tail=rp.tail("err"))
+            failure = FailureRecord(rp.rank, "exit", why, exited, exitcode=rp.exit, stderr_tail=rp.tail("err"))
         else:
             return
         if not self.failures:

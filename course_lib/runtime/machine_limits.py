@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .devices import LaunchError
+from .results import LaunchError
 
 # A rank that trains a small model (DDP, Adam, a few steps) holds about 125 MiB of private memory; the rest of
 # its pages are shared with the rank server. ``python -m course_lib bench launch`` measures it on this machine.

@@ -99,7 +99,7 @@ def hint_for(message: str, running=(), returned=(), done: str = "returned from t
 
 
 @dataclass
-class RankFailure:
+class FailureRecord:
     """How one rank failed: raised an exception, died from a signal, or exited without reporting."""
 
     rank: int
@@ -171,10 +171,10 @@ class RankFailure:
         return "\n".join(lines)
 
 
-def unpaired_calls(first: RankFailure, ranks: list[int]) -> RankFailure:
+def unpaired_calls(first: FailureRecord, ranks: list[int]) -> FailureRecord:
     """Every rank returned from the function, yet the launcher's closing barrier timed out: say that, not "late"."""
     waited = names([r for r in ranks if r != first.rank])
-    return RankFailure(first.rank, "exit", (
+    return FailureRecord(first.rank, "exit", (
         f"returned from the function{f' as did {waited}' if waited else ''}, yet the launcher's closing barrier then "
         f"failed on rank {first.rank} ({shorten(clean(first.message))}): a collective of the function was paired on "
         "some rank with a different call "
@@ -183,7 +183,7 @@ def unpaired_calls(first: RankFailure, ranks: list[int]) -> RankFailure:
         phase="teardown")
 
 
-def first_of(failures: list[RankFailure]) -> RankFailure:
+def first_of(failures: list[FailureRecord]) -> FailureRecord:
     """The failure that is the story: a cause before a consequence, the learner's code before the end-of-run wait,
     then the earliest."""
     return min(failures, key=lambda f: (f.consequence, f.phase == "teardown", f.time))

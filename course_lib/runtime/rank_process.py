@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 
-from .ending import Escalation
+from .ending import TermThenKill
 from .loop import Loop
 from .protocol import STARTED
 from .transfer import Receiver
@@ -225,7 +225,7 @@ def spawn(server, the_payload: dict, persistent: bool = False) -> RankProcess:
 
 def end_ranks(procs: list[RankProcess], server) -> None:
     """End every rank still running and return once the server reported each exit (a second Ctrl-C: SIGKILL now)."""
-    escalation = Escalation(procs)
+    escalation = TermThenKill(procs)
     escalation.terminate(time.monotonic())
 
     def tick(now: float) -> None:

@@ -5,15 +5,19 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from .rank_failure import RankFailure, hint_for, names
+from .rank_failure import FailureRecord, hint_for, names
 
-__all__ = ["RankFailed", "RankFailure", "RankTimeout", "RunResult"]
+__all__ = ["LaunchError", "RankFailed", "FailureRecord", "RankTimeout", "RunResult"]
+
+
+class LaunchError(ValueError):
+    """A launch request that cannot work; raised before any rank process starts."""
 
 
 class RankFailed(RuntimeError):
     """One rank failed; every other rank was stopped. ``.failure`` is the cause, ``.others`` what peers reported."""
 
-    def __init__(self, failure: RankFailure, others: list[RankFailure], still_running: list[int], where: str = ""):
+    def __init__(self, failure: FailureRecord, others: list[FailureRecord], still_running: list[int], where: str = ""):
         self.failure, self.others, self.still_running = failure, others, still_running
         self.rank, self.where = failure.rank, where  # where: each rank's line, after a timeout (runtime/stacks.py)
         super().__init__(self._text())
@@ -83,7 +87,7 @@ class RankTimeout(RankFailed):
         for r, tail in tails.items():
             if tail:
                 msg += f"\n\nLast output of rank {r}:\n{tail}"
-        failure = RankFailure(rank=unfinished[0], kind="timeout", message=msg, time=0.0)
+        failure = FailureRecord(rank=unfinished[0], kind="timeout", message=msg, time=0.0)
         RuntimeError.__init__(self, msg)
         self.failure, self.others, self.still_running, self.rank = failure, [], unfinished, unfinished[0]
         self.where = where
