@@ -135,8 +135,8 @@ def test_calculator_on_bloom():
                     hardware.row("links", "Omni-Path 100"), gpus_per_inter_link=2)   # 4 links for 8 GPUs per node
     lay = pp.Layout(row["tp"], row["pp"], row["dp"], row["micro_batch"], row["global_batch"], row["zero_stage"],
                     "full", False)
-    assert lay.gpus == r["gpus"] and pp.plan(bloom, lay, cl)["fits"]
-    assert not pp.plan(bloom, pp.Layout(1, 1, 384, 2, 2048, 1, "full", False), cl)["fits"]
+    assert lay.gpus == r["gpus"] and pp.estimate(bloom, lay, cl)["fits"]
+    assert not pp.estimate(bloom, pp.Layout(1, 1, 384, 2, 2048, 1, "full", False), cl)["fits"]
     days = pp.flops_per_step(bloom, 1, "full") * r["tokens"] / row["seq_len"] / (384 * r["tflops_per_gpu"] * 1e12)
     # The FLOP estimate at the published rate leaves out restarts and slower stretches: below the ~117 days the
     # run took (model card dates; 1,082,990 GPU-hours / 384 / 24), about 10% short, never above it.
@@ -155,7 +155,7 @@ def test_plan_fits_against_the_cards_real_capacity_not_memory_gb_times_1e9():
     cl = pp.Cluster(gpu, hardware.row("links", "NVLink 4 (H100)"), hardware.row("links", "Ethernet 400 GbE"))
     llama = pp.Transformer("Llama 3 405B", 126, 16384, 128, 8192, 128000, 405e9, ffn=53248, kv_heads=8, gated=True,
                            dropout=False)
-    r = pp.plan(llama, pp.Layout(8, 16, 64, 1, 2048, zero=3, recompute="selective"), cl)
+    r = pp.estimate(llama, pp.Layout(8, 16, 64, 1, 2048, zero=3, recompute="selective"), cl)
     assert gpu["memory_GB"] * 1e9 < r["memory"] <= hardware.memory_bytes(gpu)     # 82.9 GB: over 80e9, under 80 GiB
     assert r["fits"]
 

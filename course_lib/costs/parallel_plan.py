@@ -193,7 +193,7 @@ def step_time(model: Transformer, lay: Layout, cl: Cluster) -> dict:
     return out
 
 
-def plan(model: Transformer, lay: Layout, cl: Cluster) -> dict:
+def estimate(model: Transformer, lay: Layout, cl: Cluster) -> dict:
     """Memory per GPU (model states, activations) and step time, with whether it fits the accelerator: its real
     capacity, hardware.memory_bytes (an "80GB" card holds 80 GiB, 85.9e9 bytes for an A100), not memory_GB x 1e9."""
     states, acts = model_state_bytes(model, lay), activation_bytes(model, lay)
@@ -203,12 +203,12 @@ def plan(model: Transformer, lay: Layout, cl: Cluster) -> dict:
 
 
 def layouts(model: Transformer, gpus: int, cl: Cluster, base: Layout) -> list[dict]:
-    """plan() for every tp (a power of 2 up to the node) x pp (up to the layers) x dp with tp·pp·dp = gpus, other
+    """estimate() for every tp (a power of 2 up to the node) x pp (up to the layers) x dp with tp·pp·dp = gpus, other
     fields from `base`; sorted by step time, the ones that fit first."""
     out = []
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= cl.gpus_per_node and gpus % t == 0):
         for pp in (q for q in range(1, model.layers + 1) if gpus % (tp * q) == 0):
             dp = gpus // (tp * pp)
             if base.global_batch % (base.micro_batch * dp) == 0:
-                out.append(plan(model, replace(base, tp=tp, pp=pp, dp=dp), cl))
+                out.append(estimate(model, replace(base, tp=tp, pp=pp, dp=dp), cl))
     return sorted(out, key=lambda r: (not r["fits"], r["time"]["total"]))
