@@ -108,7 +108,7 @@ def rs_ag_all_reduce(t):
     world = dist.get_world_size()
     n = t.numel()
     padded = torch.nn.functional.pad(t, (0, -n % world))
-    part = torch.empty(padded.numel() // world, dtype=t.dtype)
+    part = torch.empty(padded.numel() // world, dtype=t.dtype, device=t.device)
     dist.reduce_scatter_single(part, padded)
     dist.all_gather_single(padded, part)
     return padded[:n]
@@ -117,7 +117,7 @@ def rs_ag_all_reduce(t):
 def rs_ag_no_pad_cut(t):  # forgets to cut the padding off
     world = dist.get_world_size()
     padded = torch.nn.functional.pad(t, (0, -t.numel() % world))
-    part = torch.empty(padded.numel() // world, dtype=t.dtype)
+    part = torch.empty(padded.numel() // world, dtype=t.dtype, device=t.device)
     dist.reduce_scatter_single(part, padded)
     dist.all_gather_single(padded, part)
     return padded

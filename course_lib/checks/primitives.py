@@ -23,7 +23,7 @@ WORLDS = (2, 3, 4, 5)
 # Every function of the course's own collectives, the private halves too (ring._all_gather is a whole all-gather).
 COURSE_COLLECTIVES = tuple(f"course_lib.collectives.{m}" for m in (
     "ring.ring_all_reduce", "ring.ring_reduce_scatter", "ring.ring_all_gather", "ring._reduce_scatter",
-    "ring._all_gather", "tree.tree_reduce", "tree.tree_broadcast", "tree.tree_all_reduce", "tree._reduce",
+    "ring._all_gather", "tree.tree_all_reduce", "tree._reduce",
     "tree._broadcast", "recursive_doubling.recursive_doubling_all_reduce", "star.star_all_reduce",
     "rabenseifner.rabenseifner_all_reduce", "rabenseifner._halving", "rabenseifner._doubling",
     "hierarchical.hierarchical_all_reduce"))

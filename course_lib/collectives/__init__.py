@@ -12,7 +12,7 @@ from .recursive_doubling import recursive_doubling_all_reduce
 from .ring import chunk_bounds, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .star import star_all_reduce
 from .trace import Trace, merge
-from .tree import tree_all_reduce, tree_broadcast, tree_reduce
+from .tree import tree_all_reduce
 
 ALL_REDUCE = {
     "ring": ring_all_reduce,
@@ -23,5 +23,5 @@ ALL_REDUCE = {
 }
 
 __all__ = ["Traffic", "Trace", "merge", "exchange", "chunk_bounds", "ring_all_reduce", "ring_reduce_scatter",
-           "ring_all_gather", "tree_reduce", "tree_broadcast", "tree_all_reduce", "recursive_doubling_all_reduce",
+           "ring_all_gather", "tree_all_reduce", "recursive_doubling_all_reduce",
            "rabenseifner_all_reduce", "hierarchical_all_reduce", "star_all_reduce", "ALL_REDUCE"]

@@ -1,4 +1,4 @@
-"""Binomial-tree reduce and broadcast, and all-reduce as reduce then broadcast, from isend/irecv.
+"""All-reduce as a binomial-tree reduce then a binomial-tree broadcast, from isend/irecv.
 
 Thakur, Rabenseifner & Gropp, IJHPCA 2005 (sections 4.1, 4.4); taught in notebooks/06_build_your_own_collectives.ipynb.
 lg p rounds each way (lg = ceil(log2 p)); in round k, ranks whose distance from the root has lowest set bit 2^k
@@ -47,26 +47,6 @@ def _broadcast(flat, root, traffic, trace) -> None:
             exchange(recv=flat, src=(vr - mask + root) % p, traffic=traffic)
         if trace is not None:
             trace.record("broadcast", sends, flat)
-
-
-def tree_reduce(tensor: torch.Tensor, root: int = 0, op="sum", traffic: Traffic | None = None,
-                trace: Trace | None = None) -> torch.Tensor:
-    """In-place binomial-tree reduce: afterwards `root` holds the reduction (other ranks hold partial results)."""
-    flat = flat_work(tensor)
-    if trace is not None:
-        trace.begin("tree reduce", dist.get_rank(), dist.get_world_size(), [(0, flat.numel())], flat)
-    _reduce(flat, root, op, traffic, trace)
-    return finish(tensor, flat)
-
-
-def tree_broadcast(tensor: torch.Tensor, root: int = 0, traffic: Traffic | None = None,
-                   trace: Trace | None = None) -> torch.Tensor:
-    """In-place binomial-tree broadcast of the root's tensor to every rank."""
-    flat = flat_work(tensor)
-    if trace is not None:
-        trace.begin("tree broadcast", dist.get_rank(), dist.get_world_size(), [(0, flat.numel())], flat)
-    _broadcast(flat, root, traffic, trace)
-    return finish(tensor, flat)
 
 
 def tree_all_reduce(tensor: torch.Tensor, op="sum", root: int = 0, traffic: Traffic | None = None,
