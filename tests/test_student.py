@@ -11,8 +11,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.classroom.student import BEGIN, COURSE_NOTEBOOKS, END, cells_needed, main, strip_solutions
+from course_lib.classroom.student import BEGIN, COURSE_NOTEBOOKS, END, main, strip_solutions
 from course_lib.classroom.submission import execute
+
+from .student_cells import cells_needed
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -105,7 +107,7 @@ def test_no_output_no_widget_state_no_solution_line(worked, student_dir):
 
 @pytest.mark.parametrize("worked", WORKED, ids=lambda p: p.stem)
 def test_student_copy_fails_only_at_exercises_with_not_implemented(worked, student_dir):
-    """Run the cells a student copy can change (course_lib.classroom.student.cells_needed: the exercises, what uses a
+    """Run the cells a student copy can change (tests/student_cells.py, cells_needed: the exercises, what uses a
     solution, what they read, the magics that hold the ranks' state), up to the last check cell. The demos left
     out run exactly as in the worked notebook, which the notebook tests run in full."""
     nb = nbformat.read(student_dir / worked.name, as_version=4)
