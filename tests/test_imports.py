@@ -161,3 +161,20 @@ def test_the_layout_map_matches_the_package():
                   if p.name != "__pycache__" and (p.suffix == ".py" or (p / "__init__.py").exists()))
     assert sorted(mapped) == tree
     assert len(tree) <= 12, tree
+
+
+def test_every_lesson_module_names_the_notebook_that_teaches_it():
+    # docs/ARCHITECTURE.md section 0: a lesson's parts share a module name across the role folders, and each says
+    # which notebook teaches it (d2l's "defined in section ..."); the shared machinery of every lesson is exempt
+    import ast
+    import re
+
+    shared = {"checks/core.py", "checks/switch_off.py", "measure/c10d_ops.py"}
+    silent = []
+    for folder in ("training", "collectives", "costs", "measure", "viz", "labs", "checks"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            name = f"{folder}/{path.name}"
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+            if path.name != "__init__.py" and name not in shared and not re.search(r"\bnotebooks?\b", doc, re.I):
+                silent.append(name)
+    assert silent == [], silent
