@@ -21,11 +21,11 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
-from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
-from .data import load_digits, worker_batch
+from .data import load_digits
+from .loop import sgd_, worker_steps
 from .model import flat_params, make_mlp
 
 
@@ -128,7 +128,7 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
         raise ValueError(f"method must be 'naive', 'bucket' or 'ddp', got {method!r}")
     if batch_size % accum:
         raise ValueError(f"batch_size {batch_size} must split into accum={accum} equal micro-batches")
-    rank, n = dist.get_rank(), dist.get_world_size()
+    n = dist.get_world_size()
     dev = device()
     model = make_mlp(hidden, seed).to(dev)
     all_reduce = _all_reduce(collective)
@@ -140,39 +140,28 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
                                                     bucket_cap_mb=bucket_bytes / 2**20)
     elif method == "bucket":
         reducer = BucketReducer(model, bucket_bytes, all_reduce, overlap)
-    x, y = load_digits()
-    meter, tl = Meter(), Timeline(profile)
-    losses, step_s = [], []
+
+    def micro_batch(last: bool):
+        if reducer:
+            reducer.arm(last)
+        return model.no_sync() if method == "ddp" and not last else contextlib.nullcontext()
+
+    def average_and_step(step: int):
+        if method == "naive":
+            for p in model.parameters():
+                with region("comm", "all-reduce grad"):
+                    all_reduce(p.grad)
+                    p.grad /= n
+        elif reducer:
+            reducer.wait()
+        with region("compute", "sgd step"):
+            sgd_(model.parameters(), lr)
+
+    data, meter, tl = load_digits(), Meter(), Timeline(profile)
     with emulate(link), metered(meter), tl:
-        for step in range(steps):
-            t = netem.now()
-            xb, yb = worker_batch(x, y, rank, n, batch_size, step, seed)
-            (reducer or model).zero_grad()
-            total = 0.0
-            for j, (xm, ym) in enumerate(zip(xb.chunk(accum), yb.chunk(accum))):
-                last = j == accum - 1
-                if reducer:
-                    reducer.arm(last)
-                sync = contextlib.nullcontext() if method != "ddp" or last else model.no_sync()
-                with sync, region("compute", "forward+backward"):
-                    loss = nn.functional.cross_entropy(model(xm.to(dev)), ym.to(dev)) / accum
-                    loss.backward()
-                    if compute_s is not None and last:
-                        netem.compute(compute_s)
-                total += loss.item()
-            if method == "naive":
-                for p in model.parameters():
-                    with region("comm", "all-reduce grad"):
-                        all_reduce(p.grad)
-                        p.grad /= n
-            elif reducer:
-                reducer.wait()
-            with region("compute", "sgd step"), torch.no_grad():
-                for p in model.parameters():   # plain SGD by hand: torch.optim's first step costs seconds per process
-                    p -= lr * p.grad
-            meter.step()
-            losses.append(total)
-            step_s.append(netem.now() - t)
+        losses, step_s = worker_steps(model, steps, batch_size, seed, average_and_step, meter, data,
+                                      compute_s=compute_s, zero_grad=(reducer or model).zero_grad, accum=accum,
+                                      micro_batch=micro_batch)
     inner = model.module if method == "ddp" else model
     flat = flat_params(inner)
     return {"params": flat.cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,

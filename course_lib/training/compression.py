@@ -23,12 +23,11 @@ from torch import nn
 
 from .. import device
 from ..collectives import chunk_bounds, ring_all_gather, ring_all_reduce
-from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
-from .data import worker_batch
 from .gossip import digits, evaluate, mean_atol
+from .loop import sgd_, simulate_workers, worker_steps
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
@@ -128,7 +127,7 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
     """
     if method not in ("powersgd", "topk"):
         raise ValueError(f"method must be 'powersgd' or 'topk', got {method!r}")
-    rank, p = dist.get_rank(), dist.get_world_size()
+    p = dist.get_world_size()
     model = make_mlp(hidden, seed, dtype).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
     params = list(model.parameters())
@@ -136,33 +135,25 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
     numel = sum(q.numel() for q in params)
     k = max(1, int(k_fraction * numel))
     memory = torch.zeros(numel, device=device(), dtype=dtype)
-    x, y = digits()
+
+    def powersgd_step(step: int):
+        grads = [q.grad for q in params]
+        state.all_reduce_(grads)
+        sgd_(params, lr, grads)
+
+    def topk_step(step: int):
+        memory.add_(lr * flat_grads(model))                   # error feedback: what was not sent yet
+        idx = memory.abs().topk(k).indices
+        vals = memory[idx]
+        memory[idx] = 0                                       # those k leave the memory now
+        all_vals, all_idx = ring_all_gather(vals), ring_all_gather(idx.to(torch.int32))
+        update = torch.zeros_like(memory).index_add_(0, all_idx.long(), all_vals) / p
+        set_flat_params(model, flat_params(model) - update)
+
     meter = Meter()
-    losses, step_s = [], []
     with emulate(link), metered(meter):
-        for step in range(steps):
-            t = netem.now()
-            xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
-            model.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb.to(device(), dtype)), yb.to(device()))
-            loss.backward()
-            if state is not None:
-                grads = [q.grad for q in params]
-                state.all_reduce_(grads)
-                with torch.no_grad():
-                    for q, g in zip(params, grads):
-                        q -= lr * g
-            else:
-                memory += lr * flat_grads(model)                  # error feedback: what was not sent yet
-                idx = memory.abs().topk(k).indices
-                vals = memory[idx]
-                memory[idx] = 0                                   # those k leave the memory now
-                all_vals, all_idx = ring_all_gather(vals), ring_all_gather(idx.to(torch.int32))
-                update = torch.zeros_like(memory).index_add_(0, all_idx.long(), all_vals) / p
-                set_flat_params(model, flat_params(model) - update)
-            meter.step()
-            step_s.append(netem.now() - t)
-            losses.append(loss.item())
+        losses, step_s = worker_steps(model, steps, batch_size, seed, topk_step if state is None else powersgd_step,
+                                      meter, digits())
     final_loss, acc = evaluate(model)
     return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
             "compute_s": slow.compute_s, "final_loss": final_loss, "accuracy": acc, "k": k,
@@ -178,18 +169,16 @@ def simulate_powersgd(n_workers: int, steps: int, batch_size: int = 32, lr: floa
     amplification A = ||M||_F ||Q||_2 / sigma_r(M Q) of any compressed matrix M (the workers' mean), the largest
     |entry| of any M): what powersgd_atol needs."""
     x, y = digits()
-    x = x.to(dtype)
     model = make_mlp(hidden, seed, dtype)
     params = list(model.parameters())
     states = [PowerSGD(params, r, seed) for _ in range(n_workers)]
     ref = states[0]
-    for step in range(steps):
-        grads = []
-        for w in range(n_workers):
-            xb, yb = worker_batch(x, y, w, n_workers, batch_size, step, seed)
-            model.zero_grad()
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            grads.append([q.grad.clone() for q in params])
+    grads = []
+
+    def keep_grads(step: int, w: int, mdl: nn.Module):
+        grads.append([q.grad.clone() for q in params])
+
+    def compress_and_step(step: int):
         new, amp, big = [], 0.0, 0.0
         for i, q in enumerate(params):
             if i not in ref.q:
@@ -210,9 +199,11 @@ def simulate_powersgd(n_workers: int, steps: int, batch_size: int = 32, lr: floa
             new.append(approx.view_as(q))
         if record is not None:
             record.append((amp, big))
-        with torch.no_grad():
-            for q, g in zip(params, new):
-                q -= lr * g
+        sgd_(params, lr, new)
+        grads.clear()
+
+    simulate_workers(lambda w: model, n_workers, steps, batch_size, seed, (x.to(dtype), y), keep_grads,
+                     compress_and_step)
     return flat_params(model)
 
 

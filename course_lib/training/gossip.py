@@ -26,11 +26,11 @@ from torch import nn
 
 from .. import device
 from ..collectives.p2p import post_together
-from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
-from .data import load_digits, worker_batch
+from .data import load_digits
+from .loop import simulate_workers, worker_steps
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
@@ -208,29 +208,26 @@ def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, l
     leave it off when timing), the final loss and accuracy on all digits, and compute seconds per step.
     `straggler`: (rank, factor[, compute_s]) for straggler.Straggler: that rank computes factor times as long.
     """
-    rank, p = dist.get_rank(), dist.get_world_size()
     model = make_mlp(hidden, seed).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
-    x, y = digits()
+
+    def sgd_then_gossip(step: int):
+        flat = flat_params(model) - lr * flat_grads(model)     # the local SGD step
+        gossip_round(flat, topology, step)                     # then average with the neighbours
+        set_flat_params(model, flat)
+
+    consensus = []
+
+    def measure(step: int, seconds: float):     # after the step is timed: a measurement, not part of training
+        consensus.append(consensus_distance(flat_params(model)))
+
     meter = Meter()
-    losses, step_s, consensus = [], [], []
     with emulate(link), metered(meter):
-        for step in range(steps):
-            t = netem.now()
-            xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed)
-            model.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb.to(device())), yb.to(device()))
-            loss.backward()
-            flat = flat_params(model) - lr * flat_grads(model)     # the local SGD step
-            gossip_round(flat, topology, step)                     # then average with the neighbours
-            set_flat_params(model, flat)
-            meter.step()
-            step_s.append(netem.now() - t)
-            losses.append(loss.item())
-            if measure_consensus:
-                consensus.append(consensus_distance(flat))
+        losses, step_s = worker_steps(model, steps, batch_size, seed, sgd_then_gossip, meter, digits(),
+                                      after_step=measure if measure_consensus else None)
     final_loss, acc = evaluate(model)
-    return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
+    flat = flat_params(model)
+    return {"params": flat.cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
             "consensus": consensus, "final_loss": final_loss, "accuracy": acc, "compute_s": slow.compute_s,
             "model_bytes": flat.numel() * flat.element_size()}
 
@@ -240,15 +237,18 @@ def simulate(topology: str, n_workers: int, steps: int, batch_size: int = 32, lr
              seed: int = 0) -> torch.Tensor:
     """One process playing n workers of dpsgd_train: X <- W (X - lr G) with every worker's model a row of X.
     Returns the (n_workers, parameters) float32 matrix every rank's final weights must match row by row."""
-    x, y = digits()
     model = make_mlp(hidden, seed)
     rows = flat_params(model).repeat(n_workers, 1)
-    for step in range(steps):
-        for w in range(n_workers):
-            set_flat_params(model, rows[w].clone())
-            xb, yb = worker_batch(x, y, w, n_workers, batch_size, step, seed)
-            model.zero_grad()
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            rows[w] -= lr * flat_grads(model)
-        rows = (mixing_matrix(topology, n_workers, step) @ rows.double()).float()
+
+    def load(w: int) -> nn.Module:
+        set_flat_params(model, rows[w].clone())
+        return model
+
+    def sgd(step: int, w: int, mdl: nn.Module):
+        rows[w] -= lr * flat_grads(mdl)
+
+    def mix(step: int):
+        rows.copy_((mixing_matrix(topology, n_workers, step) @ rows.double()).float())
+
+    simulate_workers(load, n_workers, steps, batch_size, seed, digits(), sgd, mix)
     return rows

@@ -19,13 +19,12 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
-from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
 from .adam import adam_step
-from .data import worker_batch
 from .gossip import digits, evaluate, mean_atol
+from .loop import sgd_, simulate_workers, worker_steps
 from .model import flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
@@ -96,38 +95,36 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
     m, v = [torch.zeros_like(q) for q in params], [torch.zeros_like(q) for q in params]
     anchor = flat_params(model)
     buf = torch.zeros_like(anchor)
-    x, y = digits()
-    meter = Meter()
-    losses, step_s, evals, trained = [], [], [], 0.0
-    with emulate(link), metered(meter):
-        for step in range(steps):
-            t = netem.now()
-            xb, yb = worker_batch(x, y, rank, p, batch_size, step, seed, by_label)
-            model.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb.to(device(), dtype)), yb.to(device()))
-            loss.backward()
+
+    def inner_step_then_sync(step: int):
+        if adamw:
             with torch.no_grad():
                 for q, mq, vq in zip(params, m, v):
-                    if adamw:
-                        adamw_(q, q.grad, mq, vq, step + 1, inner_lr)
-                    else:
-                        q -= lr * q.grad
-            if (step + 1) % H == 0:
-                flat = flat_params(model)
-                if outer is None:
-                    reduce(flat)                          # the average of the models, every H steps
-                    flat /= p
-                elif outer_step is not None:
-                    outer_step(flat, anchor, buf)
-                else:
-                    diloco_outer_step(flat, anchor, buf, reduce)
-                set_flat_params(model, flat)
-            meter.step()
-            step_s.append(netem.now() - t)
-            trained += step_s[-1]
-            losses.append(loss.item())
-            if eval_every and rank == 0 and (step + 1) % H == 0 and (step + 1) % eval_every == 0:
-                evals.append((step + 1, meter.sent, trained, *evaluate(model)))   # all ranks hold this model
+                    adamw_(q, q.grad, mq, vq, step + 1, inner_lr)
+        else:
+            sgd_(params, lr)
+        if (step + 1) % H == 0:
+            flat = flat_params(model)
+            if outer is None:
+                reduce(flat)                          # the average of the models, every H steps
+                flat /= p
+            elif outer_step is not None:
+                outer_step(flat, anchor, buf)
+            else:
+                diloco_outer_step(flat, anchor, buf, reduce)
+            set_flat_params(model, flat)
+
+    meter, evals, trained = Meter(), [], 0.0
+
+    def evaluate_at_sync(step: int, seconds: float):   # after the step is timed: evaluation time is left out
+        nonlocal trained
+        trained += seconds
+        if eval_every and rank == 0 and (step + 1) % H == 0 and (step + 1) % eval_every == 0:
+            evals.append((step + 1, meter.sent, trained, *evaluate(model)))   # all ranks hold this model
+
+    with emulate(link), metered(meter):
+        losses, step_s = worker_steps(model, steps, batch_size, seed, inner_step_then_sync, meter, digits(),
+                                      by_label=by_label, after_step=evaluate_at_sync)
     final_loss, acc = evaluate(model)
     return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
             "compute_s": slow.compute_s, "evals": evals, "final_loss": final_loss, "accuracy": acc,
@@ -142,34 +139,36 @@ def simulate(n_workers: int, H: int, steps: int, batch_size: int = 32, lr: float
     weights local SGD or DiLoCo must end with, without any communication. `outer_step(flats, anchor, buf)` may
     replace the outer update (checkers use it to reproduce a wrong variant); returns the final flat parameters."""
     x, y = digits()
-    x = x.to(dtype)
     models = [make_mlp(hidden, seed, dtype) for _ in range(n_workers)]
     states = [([torch.zeros_like(q) for q in mdl.parameters()], [torch.zeros_like(q) for q in mdl.parameters()])
               for mdl in models]
     anchor = flat_params(models[0])
     buf = torch.zeros_like(anchor)
-    for step in range(steps):
-        for w, (mdl, (m, v)) in enumerate(zip(models, states)):
-            xb, yb = worker_batch(x, y, w, n_workers, batch_size, step, seed)
-            mdl.zero_grad()
-            nn.functional.cross_entropy(mdl(xb), yb).backward()
-            with torch.no_grad():
-                for q, mq, vq in zip(mdl.parameters(), m, v):
-                    if outer is None:
-                        q -= lr * q.grad
-                    else:
-                        adamw_(q, q.grad, mq, vq, step + 1, inner_lr)
-        if (step + 1) % H == 0:
-            flats = [flat_params(mdl) for mdl in models]
-            if outer is None:
-                new = torch.stack(flats).sum(0) / n_workers
-            elif outer_step is not None:
-                new = outer_step(flats, anchor, buf)
-            else:
-                nesterov_(anchor, anchor - torch.stack(flats).sum(0) / n_workers, buf)
-                new = anchor.clone()
-            for mdl in models:
-                set_flat_params(mdl, new.clone())   # a copy each: the parameters become views of what is set
+
+    def inner_step(step: int, w: int, mdl: nn.Module):
+        if outer is None:
+            sgd_(mdl.parameters(), lr)
+            return
+        m, v = states[w]
+        with torch.no_grad():
+            for q, mq, vq in zip(mdl.parameters(), m, v):
+                adamw_(q, q.grad, mq, vq, step + 1, inner_lr)
+
+    def sync(step: int):
+        if (step + 1) % H:
+            return
+        flats = [flat_params(mdl) for mdl in models]
+        if outer is None:
+            new = torch.stack(flats).sum(0) / n_workers
+        elif outer_step is not None:
+            new = outer_step(flats, anchor, buf)
+        else:
+            nesterov_(anchor, anchor - torch.stack(flats).sum(0) / n_workers, buf)
+            new = anchor.clone()
+        for mdl in models:
+            set_flat_params(mdl, new.clone())   # a copy each: the parameters become views of what is set
+
+    simulate_workers(lambda w: models[w], n_workers, steps, batch_size, seed, (x.to(dtype), y), inner_step, sync)
     return flat_params(models[0])
 
 

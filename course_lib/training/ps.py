@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from .. import device
 from ..collectives import chunk_bounds
@@ -22,7 +21,8 @@ from ..measure import netem
 from ..measure.netem import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
-from .data import load_digits, worker_batch
+from .data import load_digits
+from .loop import worker_steps
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 
 
@@ -102,7 +102,7 @@ def _push_pull_pieces(g, flat, bounds, servers, pieces):
 
 def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n, data=None, compute_s=None,
             pieces=1):
-    x, y = load_digits() if data is None else data
+    data = load_digits() if data is None else data
     dev = next(model.parameters()).device
     flat = flat_params(model)
     extra = 1 if mode == "async" else 0
@@ -110,29 +110,20 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
     versions = [0] * len(servers)
     cost = compute_s[wid] if isinstance(compute_s, (list, tuple)) else compute_s   # one per worker, or one for all
 
-    losses, step_s = [], []
-    with region("wait", "pull"):
-        _pull(flat, bounds, servers, bufs, versions)
-        set_flat_params(model, flat)
-    meter.skip()   # the first pull is not part of any step
-    for step in range(steps):
-        t = netem.now()
-        xb, yb = worker_batch(x, y, wid, n, batch_size, step, seed)
-        with region("compute", "forward+backward"):
-            model.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
-            loss.backward()
-            g = flat_grads(model)
-            if cost is not None:
-                netem.compute(cost)
+    def push_pull(step: int):
+        g = flat_grads(model)
         if pieces > 1:
             _push_pull_pieces(g, flat, bounds, servers, pieces)
         else:
             _push_pull(g, flat, bounds, servers, bufs, versions)
         set_flat_params(model, flat)
-        meter.step()
-        losses.append(loss.item())
-        step_s.append(netem.now() - t)
+
+    with region("wait", "pull"):
+        _pull(flat, bounds, servers, bufs, versions)
+        set_flat_params(model, flat)
+    meter.skip()   # the first pull is not part of any step
+    losses, step_s = worker_steps(model, steps, batch_size, seed, push_pull, meter, data, worker=wid, workers=n,
+                                  compute_s=cost)
     return {"losses": losses, "step_s": step_s}
 
 
@@ -153,23 +144,15 @@ def _exchange(out: dict, into: dict) -> None:
 def _colocated(model, bounds, steps, batch_size, lr, seed, meter, data, compute_s):
     """Every rank a worker and the server of shard `rank`: its own piece of the gradient and of the weights stays on
     its machine. For counting bytes: its pairs take turns, so its time on a link is not a schedule worth timing."""
-    x, y = data
     me, n = dist.get_rank(), dist.get_world_size()
     dev = next(model.parameters()).device
     flat = flat_params(model)
     lo, hi = bounds[me]
     peers = [j for j in range(n) if j != me]
     cost = compute_s[me] if isinstance(compute_s, (list, tuple)) else compute_s
-    losses = []
-    for step in range(steps):
-        xb, yb = worker_batch(x, y, me, n, batch_size, step, seed)
-        with region("compute", "forward+backward"):
-            model.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb.to(dev)), yb.to(dev))
-            loss.backward()
-            g = flat_grads(model)
-            if cost is not None:
-                netem.compute(cost)
+
+    def serve_my_shard(step: int):
+        g = flat_grads(model)
         pieces = {j: torch.empty(hi - lo, device=dev) for j in peers}
         with region("comm", "push grads"):     # shard j of my gradient to server j; shard `me` of theirs to me
             _exchange({j: g[a:b] for j, (a, b) in enumerate(bounds) if j != me}, pieces)
@@ -179,8 +162,8 @@ def _colocated(model, bounds, steps, batch_size, lr, seed, meter, data, compute_
         with region("comm", "pull"):           # my new shard to every worker; theirs into place
             _exchange({j: flat[lo:hi] for j in peers}, {j: flat[a:b] for j, (a, b) in enumerate(bounds) if j != me})
         set_flat_params(model, flat)
-        meter.step()
-        losses.append(loss.item())
+
+    losses, _ = worker_steps(model, steps, batch_size, seed, serve_my_shard, meter, data, compute_s=cost)
     return {"losses": losses}
 
 
