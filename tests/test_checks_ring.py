@@ -9,7 +9,7 @@ import torch.distributed as dist
 from course_lib import run
 from course_lib.checks.algorithms import check_ring_all_reduce, check_ring_bytes_prediction
 from course_lib.checks.core import ExerciseFailed
-from course_lib.checks.traffic import rounds, summary
+from course_lib.checks.watch import rounds, summary
 
 
 def ring(t):
@@ -125,7 +125,7 @@ def test_in_place_library_and_other_roads_are_refused():
 
 
 def _four_algorithms():
-    from course_lib.checks.traffic import Watch
+    from course_lib.checks.watch import Watch
     from course_lib.collectives import recursive_doubling_all_reduce, ring_all_reduce, star_all_reduce, tree_all_reduce
 
     out = {}

@@ -119,3 +119,36 @@ def test_every_c10d_operator_and_collective_of_torch_distributed_is_in_the_one_t
     communicating = {n for n in public if n in dir(dist)} - not_communication
     assert len(communicating) > 25
     assert sorted(communicating - named - set(NOT_RECORDED)) == []
+
+
+def _one_recording():
+    from course_lib.checks.watch import Watch, summary
+    from course_lib.measure.alltoall_log import AllToAllLog
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(4)                                         # 16 bytes
+    with CommLog() as alone, AllToAllLog() as exchanges, Watch() as w:
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(torch.empty(12), t)
+        # rank r sends j + 1 rows of 8 bytes to rank j, so it receives r + 1 rows from each
+        dist.all_to_all_single(torch.empty(3 * (r + 1), 2), torch.ones(6, 2), [r + 1] * 3, [1, 2, 3])
+        for work in (dist.isend(t, (r + 1) % p), dist.irecv(torch.empty(4), (r - 1) % p)):
+            work.wait()
+    log, a2a = CommLog(w.events), AllToAllLog(w.events)       # views of the events Watch recorded
+    return {"calls": [(c.op, c.size, c.p) for c in log.calls], "alone": [(c.op, c.size, c.p) for c in alone.calls],
+            "a2a": [(e.to, e.frm, e.via, e.sent) for e in a2a.calls], "sent": a2a.sent, "received": a2a.received,
+            "a2a_alone": [(e.to, e.frm, e.via, e.sent) for e in exchanges.calls], "summary": summary(w.record())}
+
+
+def test_one_recording_gives_commlogs_sizes_alltoall_bytes_and_watchs_messages():
+    # recorder.py is the one dispatch mode: CommLog, AllToAllLog and Watch read the same events, so a block recorded
+    # once by Watch gives the other two's figures, equal to what each records on its own
+    for r, v in enumerate(run(_one_recording, world_size=3, output="none", timeout=60).values):
+        s_a2a = 3 * (r + 1) * 8                               # S of an all-to-all: its output, as nccl-tests
+        assert v["calls"] == v["alone"] == [("all_reduce", 16, 3), ("all_gather", 48, 3), ("all_to_all", s_a2a, 3)]
+        assert v["a2a"] == v["a2a_alone"] == [([8, 16, 24], [8 * (r + 1)] * 3, "c10d", 48 - 8 * (r + 1))]
+        assert (v["sent"], v["received"]) == (48 - 8 * (r + 1), 16 * (r + 1))
+        s = v["summary"]
+        assert (s["messages_sent"], s["bytes_sent"], s["messages_recv"], s["bytes_recv"]) == (1, 16, 1, 16)
+        assert (s["sent_to"], s["recv_from"]) == ([(r + 1) % 3], [(r - 1) % 3])
+        assert s["collectives"] == {"all_reduce": 1, "all_gather_single": 1, "all_to_all": 1}

@@ -22,7 +22,7 @@ import torch
 
 from .core import ExerciseFailed, check_collective, launch_checked, not_attempted, passed, with_hint
 from .primitives import COURSE_COLLECTIVES, RING_ANSWERS
-from .traffic import rounds, summary
+from .watch import rounds, summary
 
 RING_HINT = ("Read your traceback first: which rank, which step, which call. Then follow one chunk by hand on 3 ranks: "
              "after step s of the reduce-scatter, which partial sum does each rank hold, and which rank needs it next? "

@@ -11,7 +11,7 @@ import torch
 
 from ..measure.c10d_ops import everything_but
 from .core import check_collective
-from .traffic import summary
+from .watch import summary
 
 WORLDS = (2, 3, 4, 5)
 

@@ -3,7 +3,7 @@
 These exercises are about state that stays on the ranks between cells: each rank's weights ``w`` and the
 ``version`` counter of its changes (5b.1, 5b.2), and gradients accumulated over several cells (5b.3). The check
 cell sets that state on every rank, runs the learner's functions on the same persistent ranks, one cell at a time,
-with the collectives the exercise does not need switched off (switch_off.py) and every call recorded (traffic.py),
+with the collectives the exercise does not need switched off (switch_off.py) and every call recorded (watch.py),
 then pulls the results back and compares them with values computed here.
 """
 

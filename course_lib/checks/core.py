@@ -2,7 +2,7 @@
 
 One launch per world size runs every case (tensor size, dtype) in turn: on every rank the reference (torch's own
 op) first, then the learner's function on an identical input while switch_off.py keeps the forbidden collectives
-off and traffic.py records every message. The kernel then compares results, the input tensor itself when the
+off and watch.py records every message. The kernel then compares results, the input tensor itself when the
 exercise works in place, and the traffic, and raises ExerciseFailed naming the case, the rank, what was expected,
 what came back and a hint.
 """
@@ -198,7 +198,7 @@ def watched_call(exercise: str, learner: Callable, args=(), forbid=(), why: str 
     recorded; returns (what it returned, this rank's traffic record). Re-raises as CaseFailed with the case
     prepended when the learner's code raises (NotImplementedError and SwitchedOff pass through unchanged)."""
     from .switch_off import switched_off
-    from .traffic import Watch
+    from .watch import Watch
 
     with switched_off(exercise, forbid, why, library), Watch() as log:
         got = learner(*args)

@@ -16,7 +16,7 @@ from ..training import tolerance
 from ..training.model import flat_params
 from .core import ExerciseFailed, launch_checked, passed, watched_call, with_hint
 from .debugging_data import BATCH, HIDDEN, LR, STEPS, _dev, _secret_batch
-from .traffic import summary
+from .watch import summary
 
 
 # ------------------------------------------------------------------------------------------- 18.8 BatchNorm

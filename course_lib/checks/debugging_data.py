@@ -23,7 +23,7 @@ from ..runtime.results import RankFailed
 from ..training import tolerance
 from ..training.model import flat_params, make_mlp
 from .core import ExerciseFailed, explain, launch_checked, learner_rules, passed, watched_call, with_hint
-from .traffic import summary
+from .watch import summary
 
 HIDDEN, BATCH, STEPS, LR = 16, 8, 3, 0.1
 

@@ -25,7 +25,7 @@ from ..training import tolerance
 from ..training.pipeline_schedules import one_f_one_b_order
 from .core import ExerciseFailed, explain, launch_checked, learner_rules, passed, watched_call, with_hint
 from .debugging_data import _dev, _secret_batch
-from .traffic import summary
+from .watch import summary
 
 
 # ------------------------------------------------------------------------------------------- 18.5 dropout seeds

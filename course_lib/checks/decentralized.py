@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ..runtime.devices import device
 from ..training import gossip, local_sgd, tolerance
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
-from .traffic import summary
+from .watch import summary
 
 
 def _bipartite_ring(p: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ def _recorder():
         import torch.distributed as dist
 
         from ..measure.c10d_ops import OP_TO_COLLECTIVE, group_of, op_key
-        from .traffic import _numel, _reduce_op
+        from ..measure.recorder import _numel, _reduce_op
 
         class GroupsUsed(_dispatch_mode_base()):
             def __init__(self):

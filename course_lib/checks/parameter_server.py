@@ -25,6 +25,7 @@ from torch import nn
 
 from ..collectives import chunk_bounds
 from ..measure.c10d_ops import RECVS, SENDS, group_of, nbytes, op_key
+from ..measure.recorder import _global
 from ..measure.traffic import Meter
 from ..runtime.devices import device
 from ..training import ps, tolerance
@@ -33,16 +34,16 @@ from ..training.model import flat_grads, flat_params, make_mlp, set_flat_params,
 from .algorithms import RING_SHORTCUTS
 from .core import ExerciseFailed, call_learner, launch_checked, passed, watched_call, with_hint
 from .switch_off import SwitchedOff, _classes, _dispatch_mode_base
-from .traffic import _global
 
 STEPS, BATCH, HIDDEN, LR = 3, 16, 32, 0.1
 _PS = "course_lib.training.ps."
+_LOOP = "course_lib.training.loop.worker_steps"     # the worker's loop that ps._worker and ps._colocated run in
 # A colocated PS moves per NIC what a ring all-reduce moves: every formula of either, and the PS itself, is off.
 BYTES_SHORTCUTS = tuple(dict.fromkeys((
     *RING_SHORTCUTS, "course_lib.costs.alpha_beta.ps_vs_allreduce", "course_lib.costs.alpha_beta.byteps_optimal",
     "course_lib.costs.projection.ps_step", "course_lib.costs.projection.ring_step",
-    "course_lib.costs.projection.project", *(_PS + f for f in ("ps_train", "_colocated", "_sync_server")))))
-PUSH_PULL_SHORTCUTS = tuple(_PS + f for f in ("_push_pull", "_pull", "_worker", "ps_train", "_colocated"))
+    "course_lib.costs.projection.project", *(_PS + f for f in ("ps_train", "_colocated", "_sync_server")), _LOOP)))
+PUSH_PULL_SHORTCUTS = (*(_PS + f for f in ("_push_pull", "_pull", "_worker", "ps_train", "_colocated")), _LOOP)
 
 
 # ---------------------------------------------------------------- 8.1 the busiest NIC of a colocated PS

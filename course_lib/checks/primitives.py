@@ -2,7 +2,7 @@
 
 Each runs the learner's function next to torch's own op (core.check_collective) for world sizes 2-5, several sizes
 and dtypes, with the collectives the exercise asks them to build switched off, and checks the method from the
-traffic every rank really sent (traffic.py): who talked to whom, how many bytes, which collective on which group.
+traffic every rank really sent (watch.py): who talked to whom, how many bytes, which collective on which group.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from functools import partial
 import torch
 
 from ..measure.c10d_ops import everything_but
+from ..runtime.devices import device
 from ..runtime.results import RankFailed
 from .blocking_only import blocking_call
 from .core import ExerciseFailed, _fmt, check_collective, not_attempted, passed, with_hint
-from .traffic import summary
+from .watch import summary
 
 WORLDS = (2, 3, 4, 5)
 # The course's own collectives answer these exercises: off while the learner's function runs.
@@ -217,8 +218,8 @@ def check_all_reduce(my_all_reduce, exercise: str = "Exercise 5.2", worlds=WORLD
 def _real_reduce_scatter(inputs):
     import torch.distributed as dist
 
-    x = torch.tensor(inputs[dist.get_rank()])
-    out = torch.empty(len(x) // dist.get_world_size(), dtype=x.dtype)
+    x = torch.tensor(inputs[dist.get_rank()], device=device())      # NCCL moves only tensors on the rank's GPU
+    out = torch.empty(len(x) // dist.get_world_size(), dtype=x.dtype, device=x.device)
     dist.reduce_scatter_single(out, x)
     return out.tolist()
 

@@ -2,7 +2,7 @@
 
 It runs the learner's function on 2, 3 and 4 real ranks with every collective and the course's own ring attention
 switched off (switch_off.py), compares with full causal attention (course_lib.training.ring_attention), and checks
-the method: the ring's messages (traffic.py: p-1 sends to the next rank, their bytes), the multiply-adds of its
+the method: the ring's messages (watch.py: p-1 sends to the next rank, their bytes), the multiply-adds of its
 matrix products (the visible half of each arriving block, not the whole block masked), the largest tensor made
 (measure/peak_memory.py) and what the tensors hold at once as ranks are added.
 """
@@ -32,7 +32,7 @@ def _run_ring(fn, exercise, chunk, d, scales, measure_live):
     from ..runtime.devices import device
     from ..training.ring_attention import positions
     from .switch_off import switched_off
-    from .traffic import Watch
+    from .watch import Watch
     rank, p = dist.get_rank(), dist.get_world_size()
     pos = positions(rank, p, 2 * p * chunk, "zigzag").to(device())
     out = []
@@ -63,7 +63,7 @@ def check_causal_ring_attention(ring_attention_zigzag,
     output (c/2 x d) from 3 to 4 ranks, so neither every rank's keys nor a partial output per block is kept to be
     merged at the end (what the online softmax is for)."""
     from ..training.ring_attention import attention, positions
-    from .traffic import summary
+    from .watch import summary
 
     hint = ("Chunk numbers decide visibility: you hold chunks r and 2p-1-r, the block from rank s holds chunks s and "
             "2p-1-s. Which of your chunks sees which of its chunks when s < r, and when s > r? Fold what is visible "

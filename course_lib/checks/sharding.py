@@ -4,7 +4,7 @@ Each runs real ranks: the time a ZeRO-3 forward with prefetch really takes on th
 written by the learner, trained in float64 against single-process Adam (Rajbhandari et al., SC'20, section 5.1).
 The library's own answers (course_lib.training.prefetch's runs, course_lib.training.zero's steps) and every way to
 start ranks are switched off while the learner's code runs, and its collectives are counted at the dispatcher
-(traffic.py).
+(watch.py).
 """
 
 from __future__ import annotations

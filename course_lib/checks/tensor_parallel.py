@@ -8,7 +8,7 @@ Masking the NaNs away (torch.where, nan_to_num) and multiplying the whole layer 
 the matrix products each rank runs, counted with torch's own formulas (torch/utils/flop_counter.py): a rank may
 run its 1/p share of the layer's, no more. The course's parallel layers and torch's parallelize_module are
 switched off while it runs, and so is every collective the split does not need (switch_off.py); the calls it
-makes are counted at the dispatcher (traffic.py).
+makes are counted at the dispatcher (watch.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ parameter server is checked in parameter_server.py, exercise 9.2's reducer in re
 Each runs the learner's function on real ranks (or against real measured traffic) and compares with a reference
 computed here: single-process SGD on the combined batch (with ranks' batches of different sizes), dist.all_reduce,
 the bytes counted on every message. While the learner's code runs, the collectives and library functions that would
-answer the exercise for them are switched off (switch_off.py) and its messages are counted (traffic.py). Tolerances
+answer the exercise for them are switched off (switch_off.py) and its messages are counted (watch.py). Tolerances
 come from course_lib.training.tolerance (float32 summation order, derived there).
 """
 

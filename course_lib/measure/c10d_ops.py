@@ -3,10 +3,11 @@
 A learner can call a collective as ``dist.all_reduce``, through the ProcessGroup object (``group.allreduce([t])``),
 ``torch.distributed._functional_collectives`` or ``torch.ops.c10d.allreduce_``: all of them pass through one of
 the dispatcher operators below (torch 2.13, torch/csrc/distributed/c10d/Ops.cpp and Functional.cpp). Every
-instrument and checker reads this table: comm_log.py records sizes with it, checks/switch_off.py stops what an
-exercise forbids, checks/traffic.py counts messages; tests/test_imports.py checks that every operator and Python
-function of torch.distributed is in it or in NOT_RECORDED. Sizes follow nccl-tests (PERFORMANCE.md): an all-reduce
-or broadcast of S bytes, an all-gather or gather whose *result* is S, a reduce-scatter or scatter whose *input* is S.
+instrument and checker reads this table: recorder.py turns each call into one event (CommLog's sizes, AllToAllLog's
+bytes, checks/watch.py's messages), checks/switch_off.py stops what an exercise forbids;
+tests/test_training_comm_log.py checks that every operator and Python function of torch.distributed is in it or in
+NOT_RECORDED. Sizes follow nccl-tests (PERFORMANCE.md): an all-reduce or broadcast of S bytes, an all-gather or
+gather whose *result* is S, a reduce-scatter or scatter whose *input* is S.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch.distributed as dist
 #   "in_list"        the second argument's first list (the p inputs of one output): the list reduce-scatter
 #   "first_times_p"  the first argument times the group size: functional all-gather, scatter's received piece
 #   "second_times_p" the second argument times the group size: gather's sent piece
-#   None             not a size-S collective: point-to-point, counted per message by checks/traffic.py
+#   None             not a size-S collective: point-to-point, recorded per message (recorder.py)
 #
 # collective -> (names in torch.distributed, {dispatcher operator "namespace.name" without overload: where S lies})
 COLLECTIVES: dict[str, tuple[tuple[str, ...], dict[str, str | None]]] = {

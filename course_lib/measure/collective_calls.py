@@ -1,9 +1,11 @@
-"""Count the torch.distributed collectives a rank calls, from any thread (notebook 11b: DDP's PowerSGD hook).
+"""Count the torch.distributed collectives a rank calls from any thread: wrappers, as a dispatch mode is thread-local.
 
 CommLog (comm_log.py) sees collectives through a dispatch mode, which is thread-local: a DDP communication hook's
-later all-reduces run in callbacks on gloo's threads, outside it. Wrapping the functions of the torch.distributed
-module instead sees every call that looks them up there, whatever the thread, as the hooks in
-torch.distributed.algorithms.ddp_comm_hooks do (`dist.all_reduce(...)`). Only calls made inside the block count.
+later all-reduces run in callbacks on gloo's threads, outside it (notebook 11b: DDP's PowerSGD hook). Wrapping the
+functions of the torch.distributed module instead sees every call that looks them up there, whatever the thread, as
+the hooks in torch.distributed.algorithms.ddp_comm_hooks do (`dist.all_reduce(...)`); each wrapped call runs inside
+recorder.py's dispatch mode, entered on the thread that makes it, so its figures are the Recorder's events. Only
+calls made inside the block count.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from .c10d_ops import ALL_COLLECTIVES, COLLECTIVES
+from .recorder import Recorder
 
 # every tensor collective's torch.distributed name (object collectives pickle, their tensors are not the caller's)
 NAMES = tuple(n for c in ALL_COLLECTIVES for n in COLLECTIVES[c][0] if "object" not in n and not n.startswith("_"))
@@ -21,7 +24,7 @@ NAMES = tuple(n for c in ALL_COLLECTIVES for n in COLLECTIVES[c][0] if "object" 
 
 @dataclass
 class Call:
-    """One collective call: its name and the elements and bytes of its first tensor argument."""
+    """One collective call: its torch.distributed name and the elements and bytes of its largest tensor argument."""
 
     op: str
     numel: int
@@ -35,12 +38,11 @@ def counted(names=NAMES):
     saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
 
     def wrap(name, fn):
-        def call(tensor, *args, **kwargs):
-            t = tensor
-            while isinstance(t, list | tuple):  # a list collective: its first tensor
-                t = t[0]
-            calls.append(Call(name, t.numel(), t.numel() * t.element_size()))
-            return fn(tensor, *args, **kwargs)
+        def call(*args, **kwargs):
+            with Recorder() as seen:       # on this thread, whichever it is: gloo's, for a hook's callback
+                out = fn(*args, **kwargs)
+            calls.extend(Call(name, e.numel, e.nbytes) for e in seen.events)
+            return out
         return call
 
     for name, fn in saved.items():

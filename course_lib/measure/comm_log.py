@@ -2,8 +2,9 @@
 
 CommLog sees every collective a rank runs, whether the caller is our code, FSDP2 (`fully_shard`) or DTensor:
 all of them end in the c10d operators (`c10d.allreduce_`, `c10d._allgather_base_`, ...) or the functional ones
-(`_c10d_functional.all_reduce`, ...), which a TorchDispatchMode intercepts. Sizes follow nccl-tests: an all-reduce
-or broadcast of S bytes, an all-gather whose *result* is S bytes, a reduce-scatter whose *input* is S bytes.
+(`_c10d_functional.all_reduce`, ...), which recorder.py's dispatch mode intercepts; CommLog is a view of its events.
+Sizes follow nccl-tests: an all-reduce or broadcast of S bytes, an all-gather whose *result* is S bytes, a
+reduce-scatter whose *input* is S bytes.
 "Ring bytes" are what each rank sends under the bandwidth-optimal ring algorithms (Patarasuk & Yuan 2009; ZeRO,
 Rajbhandari et al. SC'20, section 7): all-reduce 2(p-1)/p S, all-gather and reduce-scatter (p-1)/p S each.
 """
@@ -13,11 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from .c10d_ops import OP_TO_COLLECTIVE, family, group_of, op_key, size_of
+from .c10d_ops import family
+from .recorder import Recorder
 
 # bytes one rank sends under the ring algorithm, as a multiple of (p-1)/p * S
 # (gather and scatter: the busiest rank of a chain to or from the root passes on p-1 of the p pieces)
@@ -41,27 +39,15 @@ class Call:
         return float(self.size)
 
 
-class CommLog(TorchDispatchMode):
-    """`with CommLog() as log:` records every collective this rank runs in the block (log.calls)."""
+class CommLog(Recorder):
+    """`with CommLog() as log:` records every collective this rank runs in the block (log.calls); CommLog(events)
+    reads the events another recorder holds (recorder.py)."""
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False          # the default wrapper imports torch._dynamo (seconds per rank); nothing here compiles
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[Call] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = op_key(func)
-        if name in OP_TO_COLLECTIVE:
-            group = group_of(list(args) + list(kwargs.values()))
-            p = group.size() if group is not None else dist.get_world_size()
-            size = size_of(name, [a for a in args if isinstance(a, torch.Tensor | list)], p)
-            if size is not None:  # point-to-point messages are not collectives: checks/traffic.py counts them
-                self.calls.append(Call(family(OP_TO_COLLECTIVE[name]), size, p))
-        return func(*args, **kwargs)
+    @property
+    def calls(self) -> list[Call]:
+        """The sized collectives in the order they ran (point-to-point messages are not: checks/watch.py counts
+        them)."""
+        return [Call(family(e.collective), e.size, e.p) for e in self.events if e.size is not None]
 
     def summary(self) -> dict:
         """{collective: {"calls", "bytes" (sum of S), "ring_bytes" (sent by this rank)}}, plus a "total" row."""

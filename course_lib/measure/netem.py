@@ -21,7 +21,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..costs import hardware
-from .intercept import hooked, nbytes
+from .c10d_ops import nbytes
+from .intercept import hooked
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 Formulas from course_lib.costs.alpha_beta (BytePS, Jiang et al. OSDI'20; Patarasuk & Yuan 2009): a single parameter
 server receives n*M and sends n*M bytes per step (k servers: n*M/k each); ring all-reduce sends 2(n-1)/n*M per rank.
+The bytes are counted through intercept.py's hooks, not recorder.py's events: the messages netem delays, counted when
+they complete (a receive whose wait() falls in the next step counts there).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..costs import alpha_beta
-from .intercept import hooked, nbytes
+from .c10d_ops import nbytes
+from .intercept import hooked
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 ``with Watch() as log:`` records, on one rank, every point-to-point message (dist.send/recv/isend/irecv,
 batch_isend_irecv, the ProcessGroup object: all end in c10d::send / c10d::recv_) and every collective call
-(name, bytes, group size), at the dispatcher like switch_off.py. ``log.record()`` is a plain dict the checker
+(name, bytes, group size), at the dispatcher like switch_off.py: Watch is a view of measure/recorder.py's events that
+also follows each message's Work to the moment its wait() returns. ``log.record()`` is a plain dict the checker
 brings back from every rank; ``summary(records)`` and ``rounds(records)`` turn them into the figures an
 algorithm is judged by (a ring all-reduce: 2(p-1) messages of n/p per rank in 2(p-1) rounds, Patarasuk & Yuan
 2009; taught in notebooks/06_build_your_own_collectives.ipynb).
@@ -16,85 +17,37 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..measure.c10d_ops import OP_TO_COLLECTIVE, RECVS, SENDS, group_of, nbytes, op_key
-from .switch_off import _classes, _dispatch_mode_base
+from ..measure.recorder import Recorder
 
 
-def _reduce_op(args) -> str | None:
-    """'SUM', 'MAX', 'AVG', ... for a collective that reduces."""
-    for a in args:
-        if isinstance(a, str) and a.upper() in dist.ReduceOp.RedOpType.__members__:   # functional: all_reduce(x, "sum")
-            return a.upper()
-        if isinstance(a, torch.ScriptObject) and "ReduceOp" in str(a._type()):
-            value = a.op()
-            try:
-                return dist.ReduceOp.RedOpType(value).name
-            except (TypeError, ValueError):
-                return str(value).rsplit(".", 1)[-1]
-    return None
-
-
-def _numel(t) -> int:
-    """Elements of a tensor, or of a list of tensors together."""
-    return t.numel() if isinstance(t, torch.Tensor) else sum(x.numel() for x in t if isinstance(x, torch.Tensor))
-
-
-def _global(group, peer):
-    """A peer's rank in the world, from its rank in the group the message went through."""
-    if group is None or peer is None or peer < 0:
-        return peer
-    try:
-        return dist.get_global_rank(group, peer) if group.size() != dist.get_world_size() else peer
-    except (RuntimeError, ValueError):
-        return peer
-
-
-def Watch():
+class Watch(Recorder):
     """``with Watch() as log:`` records this rank's messages and collective calls inside the block."""
-    if "watch" not in _classes:
-        _classes["watch"] = type("Watch", (_Recorder, _dispatch_mode_base()), {})
-    return _classes["watch"]()
-
-
-class _Recorder:
-    """The recording half of Watch; the dispatch-mode half is made on first use (switch_off._dispatch_mode_base)."""
 
     def __init__(self):
         super().__init__()
         self.sends: list[list] = []        # [peer, bytes, receives completed before it was posted]
         self.recvs: list[list] = []        # [peer, bytes]
         self.completed: list[int] = []     # indices into recvs, in the order their wait() returned
-        self.collectives: list[list] = []  # [name, bytes, group size, reduce op or None, elements]
         self.groups: list = []             # the ranks of every dist.new_group this rank called (None: all)
         self._pending: dict[int, tuple] = {}   # id(Work) -> ("recv", index) or ("send", None)
         self._saved_wait = None
 
-    # -------------------------------------------------------------- the dispatcher side
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        key = op_key(func)
-        out = func(*args, **kwargs)
-        if key in SENDS or key in RECVS:
-            tensors = args[0] if args else kwargs.get("tensors", kwargs.get("input"))
-            group = group_of(args)
-            ints = [a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)]
-            peer = -1 if key == "c10d.recv_any_source_" else _global(group, ints[0] if ints else None)
-            if key in SENDS:
-                self.sends.append([peer, nbytes(tensors), len(self.completed)])
-                self._remember(out, ("send", None))
+    @property
+    def collectives(self) -> list[list]:
+        """[name, bytes of the largest tensor argument, group size, reduce op or None, elements] per call."""
+        return [[e.collective, e.nbytes, e.p, e.reduce_op, e.numel] for e in self.events if e.kind == "collective"]
+
+    # -------------------------------------------------------------- the dispatcher side (recorder.py)
+    def recorded(self, seen, out) -> None:
+        if seen.kind == "send":
+            self.sends.append([seen.peer, seen.nbytes, len(self.completed)])
+            self._remember(out, ("send", None))
+        elif seen.kind == "recv":
+            self.recvs.append([seen.peer, seen.nbytes])
+            if seen.via == "functional":      # completes at wait_tensor: count it as done now
+                self.completed.append(len(self.recvs) - 1)
             else:
-                self.recvs.append([peer, nbytes(tensors)])
-                if key.startswith("_c10d_functional"):      # completes at wait_tensor: count it as done now
-                    self.completed.append(len(self.recvs) - 1)
-                else:
-                    self._remember(out, ("recv", len(self.recvs) - 1))
-        elif key in OP_TO_COLLECTIVE:
-            group = group_of(list(args) + list(kwargs.values()))
-            size = group.size() if group is not None else dist.get_world_size()
-            tensors = [a for a in args if isinstance(a, (torch.Tensor, list))]
-            self.collectives.append([OP_TO_COLLECTIVE[key], max((nbytes(t) for t in tensors), default=0), size,
-                                     _reduce_op(args), max((_numel(t) for t in tensors), default=0)])
-        return out
+                self._remember(out, ("recv", len(self.recvs) - 1))
 
     def _remember(self, out, what) -> None:
         work = out[-1] if isinstance(out, tuple) else out
