@@ -5,43 +5,20 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import torch
+from ..measure.recorder import Recorder
 
 
 def _names(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def _recorder():
-    """A dispatch mode that records every collective a rank runs: its name, the members of its group, this rank's
-    rank in that group, its reduce op and its element count (however the learner reached it)."""
-    from .switch_off import _classes, _dispatch_mode_base
+class GroupsUsed(Recorder):
+    """Every collective a rank runs, however the learner reached it (a view of measure/recorder.py's events)."""
 
-    if "groups_used" not in _classes:
-        import torch.distributed as dist
-
-        from ..measure.c10d_ops import OP_TO_COLLECTIVE, group_of, op_key
-        from ..measure.recorder import _numel, _reduce_op
-
-        class GroupsUsed(_dispatch_mode_base()):
-            def __init__(self):
-                super().__init__()
-                self.calls: list[list] = []
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                key = op_key(func)
-                if key in OP_TO_COLLECTIVE:
-                    group = group_of(list(args) + list(kwargs.values()))
-                    ranks = (dist.get_process_group_ranks(group) if group is not None
-                             else list(range(dist.get_world_size())))
-                    tensors = [a for a in args if isinstance(a, (torch.Tensor, list))]
-                    self.calls.append([OP_TO_COLLECTIVE[key], ranks, dist.get_rank(group), _reduce_op(args),
-                                       max((_numel(t) for t in tensors), default=0)])
-                return func(*args, **kwargs)
-
-        _classes["groups_used"] = GroupsUsed
-    return _classes["groups_used"]()
+    @property
+    def calls(self) -> list[list]:
+        """[name, the members of its group, this rank's rank in that group, its reduce op, its element count]."""
+        return [[e.collective, e.ranks, e.rank, e.reduce_op, e.numel] for e in self.events]
 
 
 class GroupsDiffer(RuntimeError):

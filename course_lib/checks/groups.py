@@ -25,7 +25,7 @@ from ..measure.c10d_ops import everything_but
 from ..runtime.launch import run
 from ..runtime.results import RankFailed
 from .core import ExerciseFailed, _fmt, explain, learner_rules, passed, with_hint
-from .group_calls import GroupsDiffer, _compared_calls, _names, _recorder
+from .group_calls import GroupsDiffer, GroupsUsed, _compared_calls, _names
 
 # (world size, the grid shapes checked on it); a shape with one node or one GPU per node has a row or a column of
 # one rank, and the other is the whole world
@@ -120,7 +120,7 @@ def _grid_cases(exercise, learner, shapes, first, seed, wait_s):
         names, count = set(_world.pg_names.values()), _world.group_count
         try:
             with switched_off(exercise, everything_but("all_reduce"), WHY, LIBRARY), _classes_off(exercise), \
-                    _compared_calls(first + k, (nodes, gpus), wait_s), _recorder() as used:
+                    _compared_calls(first + k, (nodes, gpus), wait_s), GroupsUsed() as used:
                 got = learner(x, nodes, gpus)
         except (NotImplementedError, SwitchedOff, GroupsDiffer):
             raise

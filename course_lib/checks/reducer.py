@@ -19,13 +19,14 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import device
-from ..measure.c10d_ops import OP_TO_COLLECTIVE, everything_but, op_key
+from ..measure.c10d_ops import everything_but
+from ..measure.recorder import Recorder
 from ..training import tolerance
 from ..training.allreduce import buckets
 from ..training.data import load_digits, worker_batch
 from ..training.model import flat_params
 from .core import ExerciseFailed, launch_checked, passed, with_hint
-from .switch_off import SwitchedOff, _classes, _dispatch_mode_base, _say, switched_off
+from .switch_off import SwitchedOff, _say, switched_off
 
 BATCH = 16
 
@@ -57,24 +58,20 @@ def _takes(schedule: str, rank: int, step: int) -> bool:
     return step % 3 == 0 or (rank + step) % 2 == 0
 
 
-def _all_reduces():
-    """``with _all_reduces() as rec:`` notes every all-reduce: the storage it reduces, its elements, and whether
-    autograd's backward was running (torch._C._current_graph_task_id() is -1 outside it)."""
-    if "all_reduces" not in _classes:
-        class AllReduces(_dispatch_mode_base()):
-            def __init__(self):
-                super().__init__()
-                self.calls = []
+class _AllReduces(Recorder):
+    """``with _AllReduces() as rec:`` notes every all-reduce (a view of measure/recorder.py's events): the storage it
+    reduces, its elements, and whether autograd's backward was running (torch._C._current_graph_task_id() is -1
+    outside it)."""
 
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if OP_TO_COLLECTIVE.get(op_key(func)) in ("all_reduce", "all_reduce_coalesced"):
-                    tensors = args[0] if isinstance(args[0], list) else [args[0]]
-                    self.calls.append((tensors[0].untyped_storage().data_ptr(), sum(t.numel() for t in tensors),
-                                       torch._C._current_graph_task_id() != -1))
-                return func(*args, **(kwargs or {}))
+    def __init__(self):
+        super().__init__()
+        self.calls = []
 
-        _classes["all_reduces"] = AllReduces
-    return _classes["all_reduces"]()
+    def recorded(self, seen, out, args) -> None:
+        if seen.collective in ("all_reduce", "all_reduce_coalesced"):
+            first = args[0][0] if isinstance(args[0], list) else args[0]
+            self.calls.append((first.untyped_storage().data_ptr(), seen.numel,
+                               torch._C._current_graph_task_id() != -1))
 
 
 @contextmanager
@@ -107,7 +104,7 @@ def _train_with_reducer(exercise, reducer_class, schedule, steps, lr):
         for step in range(steps):
             xb, yb = worker_batch(x, y, rank, n, BATCH, step)
             take = _takes(schedule, rank, step)
-            with _all_reduces() as rec:
+            with _AllReduces() as rec:
                 reducer.zero_grad()
                 nn.functional.cross_entropy(model(xb.to(device()), take), yb.to(device())).backward()
                 reducer.wait()

@@ -38,7 +38,7 @@ class Watch(Recorder):
         return [[e.collective, e.nbytes, e.p, e.reduce_op, e.numel] for e in self.events if e.kind == "collective"]
 
     # -------------------------------------------------------------- the dispatcher side (recorder.py)
-    def recorded(self, seen, out) -> None:
+    def recorded(self, seen, out, args) -> None:
         if seen.kind == "send":
             self.sends.append([seen.peer, seen.nbytes, len(self.completed)])
             self._remember(out, ("send", None))

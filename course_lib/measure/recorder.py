@@ -29,6 +29,7 @@ class Event:
     op: str                        # the dispatcher operator, "c10d.allreduce_"
     collective: str                # its name in c10d_ops.COLLECTIVES: "all_gather_single", "send_recv", ...
     p: int                         # ranks in the group
+    ranks: list[int] | None = None  # the group's members, global ranks
     size: int | None = None        # S in bytes as nccl-tests counts it; None: not a size-S collective
     nbytes: int = 0                # a message's payload; a collective's largest tensor argument (a list: all of it)
     numel: int = 0                 # a collective's largest tensor argument, in elements
@@ -36,7 +37,7 @@ class Event:
     peer: int | None = None        # a message's other end, a global rank (-1: any source)
     to: list[int] | None = None    # an all_to_all_single's bytes to each rank of the group (index = group rank)
     frm: list[int] | None = None   # and from each
-    rank: int | None = None        # this rank in the all-to-all's group: its own share is a local copy
+    rank: int | None = None        # this rank in the group (in an all-to-all its own share is a local copy)
     via: str = "c10d"              # "c10d": the c10d operators; "functional": torch's functional collectives
 
 
@@ -101,23 +102,23 @@ def event(func, args, kwargs) -> Event | None:
     if key not in OP_TO_COLLECTIVE:
         return None
     via = "c10d" if key.startswith("c10d.") else "functional"
-    if key in SENDS or key in RECVS:
-        tensors = args[0] if args else kwargs.get("tensors", kwargs.get("input"))
-        group = group_of(args)
+    message = key in SENDS or key in RECVS
+    group = group_of(args) if message else group_of(list(args) + list(kwargs.values()))
+    p = group.size() if group is not None else dist.get_world_size()
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(p))
+    tensors = [a for a in args if isinstance(a, torch.Tensor | list)]
+    numel = max((_numel(t) for t in tensors), default=0)
+    if message:
+        payload = args[0] if args else kwargs.get("tensors", kwargs.get("input"))
         ints = [a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)]
         peer = -1 if key == "c10d.recv_any_source_" else _global(group, ints[0] if ints else None)
-        return Event("send" if key in SENDS else "recv", key, "send_recv",
-                     group.size() if group is not None else dist.get_world_size(),
-                     nbytes=nbytes(tensors), peer=peer, via=via)
-    group = group_of(list(args) + list(kwargs.values()))
-    p = group.size() if group is not None else dist.get_world_size()
-    tensors = [a for a in args if isinstance(a, torch.Tensor | list)]
-    seen = Event("collective", key, OP_TO_COLLECTIVE[key], p, size=size_of(key, tensors, p),
-                 nbytes=max((nbytes(t) for t in tensors), default=0),
-                 numel=max((_numel(t) for t in tensors), default=0), reduce_op=_reduce_op(args), via=via)
+        return Event("send" if key in SENDS else "recv", key, "send_recv", p, ranks, nbytes=nbytes(payload),
+                     numel=numel, peer=peer, rank=dist.get_rank(group), via=via)
+    seen = Event("collective", key, OP_TO_COLLECTIVE[key], p, ranks, size=size_of(key, tensors, p),
+                 nbytes=max((nbytes(t) for t in tensors), default=0), numel=numel, reduce_op=_reduce_op(args),
+                 rank=dist.get_rank(group), via=via)
     if key in ALL_TO_ALL_SINGLE:
         seen.to, seen.frm = _per_peer(key, args, p)
-        seen.rank = group.rank() if group is not None else dist.get_rank()
     return seen
 
 
@@ -139,8 +140,9 @@ class Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if seen is not None:               # after it: a call that raised (one switched off) moved nothing
             self.events.append(seen)
-            self.recorded(seen, out)
+            self.recorded(seen, out, args)
         return out
 
-    def recorded(self, seen: Event, out) -> None:
-        """Called with each new event and what its operator returned (Watch follows a message's Work)."""
+    def recorded(self, seen: Event, out, args) -> None:
+        """Called with each new event, what its operator returned and its arguments (Watch follows a message's Work;
+        exercise 9.2's checker notes which storage an all-reduce reduced)."""
