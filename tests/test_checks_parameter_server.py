@@ -41,12 +41,13 @@ def test_colocated_ps_refuses_async():
 # ------------------------------------------------------------------------------------------- 8.1
 def test_busiest_nic_refuses_the_library_formulas():
     from course_lib.costs import alpha_beta, projection
-    from course_lib.measure import netem
+    from course_lib.measure import emulated_link
 
     with pytest.raises(ExerciseFailed, match=r"alpha_beta\.ps_vs_allreduce \(it holds the answer\) is switched off"):
         check_busiest_nic_bytes(lambda n, m: alpha_beta.ps_vs_allreduce(n, m, 1.0)["allreduce_s"])
     with pytest.raises(ExerciseFailed, match=r"projection\.ps_step \(it holds the answer\) is switched off"):
-        check_busiest_nic_bytes(lambda n, m: projection.ps_step(n, m, netem.Link("unit", 0.0, 1.0), n, 0.0, True))
+        unit = emulated_link.Link("unit", 0.0, 1.0)
+        check_busiest_nic_bytes(lambda n, m: projection.ps_step(n, m, unit, n, 0.0, True))
     with pytest.raises(ExerciseFailed, match=r"alpha_beta\.byteps_optimal \(it holds the answer\) is switched off"):
         check_busiest_nic_bytes(lambda n, m: alpha_beta.byteps_optimal(n, m, 1.0, 0))
 

@@ -225,12 +225,12 @@ def test_the_tree_all_reduce_pays_log_p_latency_and_twice_the_model():
     # NCCL's double binary tree (NVIDIA/nccl issue 457: each GPU sends 2*S; lg p levels up and down)
     from course_lib.costs import alpha_beta
     from course_lib.costs.decentralized import MODEL_ONLY
-    from course_lib.measure import netem
+    from course_lib.measure import emulated_link
 
     tree, ring = MODEL_ONLY["all-reduce DP, tree"], SCHEMES["all-reduce DP"]
     assert alpha_beta.double_tree_allreduce(1024, 1e6, 1e-4, 1e-9) == 2 * 10 * 1e-4 + 2 * 1e6 * 1e-9
     shapes = [(256, 64), (256,), (256, 256), (256,), (10, 256), (10,)]
-    slow = netem.link("100 MbE")
+    slow = emulated_link.link("100 MbE")
     # at 4 workers the ring's 2(p-1)/p M beats the tree's 2M; at 1024 the ring's 2(p-1) alphas lose to 2 lg p
     assert step_seconds(ring, 4, shapes, slow) < step_seconds(tree, 4, shapes, slow)
     assert step_seconds(tree, 1024, shapes, slow) < step_seconds(ring, 1024, shapes, slow)

@@ -7,7 +7,7 @@ from torch import nn
 
 from course_lib import run
 from course_lib.costs import alpha_beta
-from course_lib.measure.netem import Link
+from course_lib.measure.emulated_link import Link
 from course_lib.training.data import combined_batch, load_digits
 from course_lib.training.model import flat_params
 from course_lib.training.overlap import balanced_link, deep_mlp, overlap_compare

@@ -8,7 +8,7 @@ import pytest
 
 from course_lib.costs import alpha_beta as cm
 from course_lib.costs import projection
-from course_lib.measure import netem
+from course_lib.measure import emulated_link
 
 matplotlib.use("Agg")
 
@@ -42,7 +42,7 @@ def test_push_then_pull_never_beats_the_ring_on_bandwidth():
 
 
 def test_step_projection_adds_compute_and_latency():
-    lnk = netem.link("1 GbE")
+    lnk = emulated_link.link("1 GbE")
     m = 1e6
     assert projection.ring_step(1, m, lnk) == 0
     assert projection.ring_step(4, m, lnk) == pytest.approx(6 * lnk.alpha + 1.5 * m * lnk.beta)
@@ -53,7 +53,7 @@ def test_step_projection_adds_compute_and_latency():
 
 
 def test_project_names_one_curve_per_k_and_mode():
-    lnk = netem.link("100 Gb InfiniBand")
+    lnk = emulated_link.link("100 Gb InfiniBand")
     m, ns = 25.6e6 * 4, [1, 2, 8, 64, 1024]
     curves = projection.project(ns, m, lnk, compute_s=0.1, k_servers=(1, 64), modes=tuple(projection.MODES))
     assert set(curves) == {"ring", "ps k=1 push then pull", "ps k=1 pipelined", "ps k=64 push then pull",
@@ -72,7 +72,7 @@ def test_project_names_one_curve_per_k_and_mode():
 def test_scaling_plots_draw_every_curve():
     from course_lib.viz.scaling import plot_efficiency, plot_step_times
 
-    lnk = netem.link("100 MbE")
+    lnk = emulated_link.link("100 MbE")
     curves = projection.project([1, 2, 4], 340_008, lnk, k_servers=(1,), modes=tuple(projection.MODES))
     ax = plot_efficiency(curves)
     assert len(ax.lines) == 3 and {ln.get_linestyle() for ln in ax.lines} == {"-", "--"}

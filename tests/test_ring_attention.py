@@ -2,7 +2,7 @@
 NaN); on 2 and 3 ranks the ring equals full attention (float64, to the reordering bound), causal with contiguous and
 zig-zag layouts, overlapped or not; bytes and messages per rank equal the formula exactly; the peak memory per rank
 is the formula plus a few row vectors; the causal work is balanced exactly by the zig-zag layout; the overlap
-model's crossover, and on netem's emulated link a step lasting max(compute, transfer) with the send posted first
+model's crossover, and on the emulated link a step lasting max(compute, transfer) with the send posted first
 and their sum without; the exercise checker passing correct solutions written three ways and rejecting a gathered
 K/V, an overflowing softmax, a missing rescale, the wrong half, whole blocks masked (twice the multiply-adds), a
 partial output or a block kept per rank, a whole row of scores and a broadcast product of scores."""
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from course_lib import run
 from course_lib.checks.core import ExerciseFailed
 from course_lib.checks.ring_attention import check_causal_ring_attention
-from course_lib.measure import netem
+from course_lib.measure import emulated_link
 from course_lib.measure.peak_memory import LargestTensor, peak_bytes
 from course_lib.measure.traffic import Meter, metered
 from course_lib.training.ring_attention import (
@@ -113,7 +113,7 @@ def _emulated_steps(bandwidth, flops):
     out = {}
     for overlap in (True, False):
         stats = {}
-        with netem.emulate(netem.Link("test", 0.0, bandwidth)):
+        with emulated_link.emulate(emulated_link.Link("test", 0.0, bandwidth)):
             ring_attention(q, k, v, overlap=overlap, flops=flops, stats=stats)
         out[overlap] = stats["step_s"]
     return out

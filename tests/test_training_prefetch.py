@@ -7,7 +7,7 @@ import matplotlib
 import pytest
 
 from course_lib import run
-from course_lib.measure import netem
+from course_lib.measure import emulated_link
 from course_lib.training import prefetch
 
 matplotlib.use("Agg")
@@ -21,7 +21,7 @@ CASES = [(2, [96, 96, 96], [0.004] * 3, "1 GbE"),
 def test_forward_times_follow_the_link_and_the_schedule(p, widths, compute_s, link):
     vals = run(prefetch.forward_times, p, args=(widths, compute_s, link), backend="gloo", output="none",
                timeout=60).values
-    lnk = netem.link(link)
+    lnk = emulated_link.link(link)
     r = vals[0]
     assert all(v["no_prefetch"]["seconds"] == r["no_prefetch"]["seconds"] for v in vals)   # symmetric ranks
     assert all(v[k]["exact"] for v in vals for k in ("no_prefetch", "prefetch"))

@@ -1,5 +1,6 @@
 """Bytes per rank per step, counted on every point-to-point message, equal the formulas exactly (BytePS: a single
-server receives and sends n*M; ring all-reduce: 2(n-1)/n*M per rank); netem times every message by the link."""
+server receives and sends n*M; ring all-reduce: 2(n-1)/n*M per rank); the emulated link times every
+message by the link."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch.distributed as dist
 
 from course_lib import run
 from course_lib.costs import projection
-from course_lib.measure import netem, traffic
+from course_lib.measure import emulated_link, traffic
 from course_lib.training.allreduce import dp_train
 from course_lib.training.ps import ps_train
 
@@ -45,7 +46,7 @@ def _timed_messages(link, nbytes, pattern):
     """Run on every rank: its virtual clock after the pattern's messages over `link`."""
     x = torch.zeros(nbytes // 4)
     rank, p = dist.get_rank(), dist.get_world_size()
-    with netem.emulate(link):
+    with emulated_link.emulate(link):
         if pattern == "incast":          # everyone sends to rank 0
             if rank == 0:
                 for r in [dist.irecv(torch.empty_like(x), src) for src in range(1, p)]:
@@ -64,11 +65,11 @@ def _timed_messages(link, nbytes, pattern):
                 for w in works:
                     w.wait()
             elif rank == 1:
-                netem.compute(0.05)
+                emulated_link.compute(0.05)
                 dist.recv(x, 0)
             else:
                 dist.recv(x)
-        return netem.now()
+        return emulated_link.now()
 
 
 W = 1e-3 + 400_000 / 20e6     # one 400 kB message on the test link: alpha + b/B = 21 ms
@@ -83,8 +84,8 @@ W = 1e-3 + 400_000 / 20e6     # one 400 kB message on the test link: alpha + b/B
     # and the one to rank 2, though posted at 0, leaves rank 0's outgoing side after it
     ("rendezvous", [0.05 + 2 * W, 0.05 + W, 0.05 + 2 * W]),
 ])
-def test_netem_times_each_message_by_the_link_and_both_sides(pattern, want):
-    lnk = netem.Link("slow", 1e-3, 20e6)        # 20 MB/s: 400 kB takes 20 ms
+def test_the_emulated_link_times_each_message_by_the_link_and_both_sides(pattern, want):
+    lnk = emulated_link.Link("slow", 1e-3, 20e6)        # 20 MB/s: 400 kB takes 20 ms
     res = run(_timed_messages, world_size=len(want), args=(lnk, 400_000, pattern), output="none", timeout=60)
     assert res.values == pytest.approx(want, rel=1e-9, abs=1e-12)   # virtual seconds: sums of the same floats
 
@@ -100,7 +101,7 @@ def test_measured_ps_and_ring_steps_sit_on_their_formulas():
     # with compute, the PS's workers compute while the server still sends to the others: with n = 3 and 10 ms of
     # compute (more than the (n-1)(alpha + M/B) = 5.9 ms of the later sends) the gradients of the first n - 1 no
     # longer arrive back to back, and the step is compute + (n+1)(alpha + M/B), (n-1) M/B under the formula
-    lnk = netem.link("100 MbE")
+    lnk = emulated_link.link("100 MbE")
     (ps3,) = scaling.measure("100 MbE", workers=(3,), steps=2, hidden=64, compute_s=0.01, archs=("ps",))
     assert ps3["arch"] == "ps"
     m = ps3["model_bytes"]
@@ -110,19 +111,19 @@ def test_measured_ps_and_ring_steps_sit_on_their_formulas():
 
 def test_emulate_does_not_nest_and_times_compute_on_the_virtual_clock():
     def body():
-        with netem.emulate("1 GbE"):
-            netem.compute(2.5)
-            t = netem.now()
+        with emulated_link.emulate("1 GbE"):
+            emulated_link.compute(2.5)
+            t = emulated_link.now()
             with pytest.raises(RuntimeError, match="do not nest"):
-                with netem.emulate("1 GbE"):
+                with emulated_link.emulate("1 GbE"):
                     pass
-        return t, netem.virtual()
+        return t, emulated_link.virtual()
     assert run(body, world_size=2, output="none", timeout=30).values == [(2.5, False)] * 2
 
 
 def test_links_and_projection_use_the_cost_model():
-    lnk = netem.link("1 GbE")
-    assert lnk.bandwidth == 125e6 and netem.link("100 Gb InfiniBand").bandwidth == 12.5e9
+    lnk = emulated_link.link("1 GbE")
+    assert lnk.bandwidth == 125e6 and emulated_link.link("100 Gb InfiniBand").bandwidth == 12.5e9
     m = 1e6
     assert projection.ring_step(1, m, lnk) == 0
     assert projection.ring_step(4, m, lnk) == pytest.approx(6 * lnk.alpha + 1.5 * m * lnk.beta)
@@ -156,7 +157,7 @@ def test_pieces_bring_a_ps_step_to_the_pipelined_line_plus_the_first_piece():
     plus the first piece from every worker, n M/(P B), plus the (P - 1) n further messages' alpha; and the weights
     are the built-in server's (the same mean, piece by piece: float32 sums in the same order, so 1e-6 covers it)."""
     from course_lib.training.tolerance import max_diff
-    lnk, P, n = netem.link("100 MbE"), 4, 3
+    lnk, P, n = emulated_link.link("100 MbE"), 4, 3
     vals = run(ps_train, world_size=n + 1, kwargs=dict(steps=2, hidden=64, link=lnk, server=_piecewise_server,
                                                       pieces=P), output="none", timeout=60).values
     m = vals[0]["model_bytes"]
@@ -169,13 +170,13 @@ def test_pieces_bring_a_ps_step_to_the_pipelined_line_plus_the_first_piece():
 
 
 def test_link_busy_shows_push_then_pull_taking_turns_and_pieces_overlapping():
-    """netem.link_busy: the server's two sides never overlap push then pull, and do with pieces (notebook 10)."""
+    """emulated_link.link_busy: the server's two sides never overlap push then pull, do with pieces (notebook 10)."""
     from course_lib.training import make_mlp
 
     def overlap(busy):
         return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1, _ in busy["out"] for s2, e2, _ in busy["in"])
 
-    lnk, n = netem.link("100 MbE"), 3
+    lnk, n = emulated_link.link("100 MbE"), 3
     plain = run(ps_train, world_size=n + 1, kwargs=dict(steps=1, hidden=64, link=lnk), output="none",
                 timeout=60).values[0]["link_busy"]
     assert len(plain["out"]) == 2 * n and len(plain["in"]) == n and overlap(plain) == 0.0

@@ -4,13 +4,13 @@ emulated link, and one straggler (a worker 3x slower to compute).
     python -m course_lib.bench.decentralized --steps 192 --out data/decentralized_4workers.csv
 
 Every scheme trains the course's MLP on the digits with the same seeds and shards (training/): the synchronous PS (1
-server + 4 workers), all-reduce data parallel (local SGD with H = 1, equal to it), gossip on two topologies, local
-SGD and DiLoCo with H = 16, PowerSGD rank 2 and top-k 1% with error feedback (and, for the loss only, PowerSGD rank 1
-and 4, top-k 10%, and DiLoCo's control: local SGD with its AdamW inner steps). All their messages are point-to-point
-(the course's ring for all-reduce), so netem times every one and traffic counts every byte. One launch per world size
-runs every scheme's configurations one after the other: the loss run (no link), then the fast link, the slow link and
-the straggler. The timings are read from netem's virtual clock with a fixed emulated compute per step, so they are
-the same on every machine.
+server + 4 workers), all-reduce data parallel (local SGD with H = 1, equal to it), gossip on two topologies, local SGD
+and DiLoCo with H = 16, PowerSGD rank 2 and top-k 1% with error feedback (and, for the loss only, PowerSGD rank 1 and 4,
+top-k 10%, and DiLoCo's control: local SGD with its AdamW inner steps). All their messages are point-to-point (the
+course's ring for all-reduce), so the emulated link times every one and traffic counts every byte. One launch per world
+size runs every scheme's configurations one after the other: the loss run (no link), then the fast link, the slow link
+and the straggler. The timings are read from the emulated link's virtual clock with a fixed emulated compute per step,
+so they are the same on every machine.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from .. import device, run
 from ..collectives import chunk_bounds
 from ..costs.decentralized import MAIN, SCHEMES, sent_per_step
-from ..measure.netem import emulate, link
+from ..measure.emulated_link import emulate, link
 from ..measure.traffic import Meter, metered
 from ..training import ps
 from ..training.compression import compressed_train
@@ -213,7 +213,8 @@ def main(argv=None) -> None:
     if a.out:
         command = f"python -m course_lib.bench.decentralized --steps {a.steps} --workers {a.workers}"
         source = (f"measured {datetime.date.today()} on {a.machine} with: {command}; fast link {FAST}, slow link "
-                  f"{SLOW} (netem, timed on its virtual clock); {COMPUTE_S * 1e3:g} ms of emulated compute per step; "
+                  f"{SLOW} (the emulated link, timed on its virtual clock); "
+                  f"{COMPUTE_S * 1e3:g} ms of emulated compute per step; "
                   f"straggler: the last worker's compute {FACTOR * COMPUTE_S * 1e3:g} ms, on the fast link")
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=[*max(rows, key=len), "source"])

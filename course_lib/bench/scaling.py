@@ -3,11 +3,11 @@
     python -m course_lib.bench.scaling --link "100 MbE" --workers 1 2 4 --compute-ms 0
 
 Each point is a real run: PS = 1 server + n workers (sync), ring = n ranks with one bucket of the whole model
-all-reduced by the course ring (point-to-point, so the link emulation applies to both). Times are read from
-netem's virtual clock with a fixed emulated compute per step, so they are the schedule's cost on the link, the same
-on every machine. The projection is projection.py's formula for the same link and compute (the PS push then pull,
-as ps_train's server works); the error column, (measured - projected) / measured, is where the formula and the
-schedule the code really runs part.
+all-reduced by the course ring (point-to-point, so the link emulation applies to both). Times are read from the emulated
+link's virtual clock with a fixed emulated compute per step, so they are the schedule's cost on the link, the same on
+every machine. The projection is projection.py's formula for the same link and compute (the PS push then pull, as
+ps_train's server works); the error column, (measured - projected) / measured, is where the formula and the schedule the
+code really runs part.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 
 from .. import run
 from ..costs.projection import ps_step, ring_step
-from ..measure.netem import link as get_link
+from ..measure.emulated_link import link as get_link
 from ..training.allreduce import dp_train
 from ..training.ps import ps_train
 

@@ -1,7 +1,8 @@
 """What each training scheme of notebook 11b sends per step, and its step time from the cost model.
 
 Bytes are exact for the course's implementations (every message counted by measure.traffic must equal them);
-seconds use course_lib.costs.alpha_beta's alpha-beta terms on one full-duplex link per rank, the model netem emulates:
+seconds use course_lib.costs.alpha_beta's alpha-beta terms on one full-duplex link per rank, the model
+measure/emulated_link.py emulates:
 a rank's outgoing messages go one after another, alpha + bytes/B each. Sources: BytePS (Jiang et al. OSDI'20) and
 Patarasuk & Yuan 2009 for PS and ring all-reduce (training/projection.py); gossip sends its model to each
 out-neighbour (Lian et al. NeurIPS 2017; Ying et al. NeurIPS 2021); local SGD and DiLoCo all-reduce once per H steps
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..measure.netem import Link
+from ..measure.emulated_link import Link
 from ..training.compression import powersgd_sizes, ring_sent_bytes, topk_sent_bytes
 from ..training.gossip import out_neighbours, tau
 from . import alpha_beta, projection

@@ -8,7 +8,7 @@ pipelined (BytePS: tensors cut into pieces, a piece pulled while the next is pus
 
 from __future__ import annotations
 
-from ..measure.netem import Link
+from ..measure.emulated_link import Link
 from . import alpha_beta
 
 MODES = {"push then pull": False, "pipelined": True}

@@ -5,7 +5,7 @@
   all-to-all sends to and receives from every peer, 15) and the checkers' Watch are views of it; collective_calls
   runs it around each dist.* collective, so calls from hooks on gloo's threads are seen too (11b).
 - intercept: hooks on this rank's point-to-point calls that act when a message completes; traffic: bytes per step
-  counted through them (08, 10); netem: a slow link emulated through them, on a virtual clock; nccl_tests: reads
+  counted through them (08, 10); emulated_link: a slow link emulated through them, on a virtual clock; nccl_tests: reads
   nccl-tests output text (07).
 - timeline: labelled regions from torch.profiler as per-rank lanes; bubble: a pipeline's idle share read off the
   ranks' recorded timelines and replayed (14).

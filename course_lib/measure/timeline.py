@@ -4,8 +4,8 @@ Taught in notebooks/08-10. Trainers wrap their phases in `region("compute" | "co
 torch.profiler.record_function with a "lane:name" label (free when nothing records). `Timeline` records them with
 torch's autograd profiler in its non-kineto mode: same record_function events, but starting kineto costs ~3.4 s per
 process on the course machine and every rank is a fresh process. Ranks align on a barrier: t = 0 is when every rank
-left it. Inside netem.emulate(link) the regions are timed on the link's virtual clock instead (t = 0: the block's
-start). `Timeline(torch_ops=False)` times only the regions, on time.perf_counter, without the profiler: for a
+left it. Inside emulated_link.emulate(link) the regions are timed on the link's virtual clock instead (t = 0: the
+block's start). `Timeline(torch_ops=False)` times only the regions, on time.perf_counter, without the profiler: for a
 caller that draws nothing but its own regions (notebook 14's pipeline stages): the profiler also records every torch
 op and reads them all back (a step of 8 micro-batches on 4 pipeline ranks sharing 2 cores took 0.35 s with it,
 0.08 s without).
@@ -22,14 +22,15 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from . import netem
+from . import emulated_link
 
 LANES = ("compute", "comm", "wait")
 # torch's own all-reduces (DDP's buckets, dist.all_reduce) show up under these names.
 _TORCH_COMM = ("gloo:all_reduce", "nccl:all_reduce")
 
 
-# (events, clock) of a Timeline that times the regions itself, on netem's virtual clock or on time.perf_counter
+# (events, clock) of a Timeline that times the regions itself: on the emulated link's virtual clock or on
+# time.perf_counter
 _VIRTUAL: list = []
 
 
@@ -60,8 +61,8 @@ class Timeline:
         self.enabled, self.torch_ops, self.events, self._prof = enabled, torch_ops, [], None
 
     def __enter__(self):
-        if self.enabled and netem.virtual():   # inside emulate(link): regions are timed on the virtual clock
-            _VIRTUAL.append((self.events, netem.now))
+        if self.enabled and emulated_link.virtual():   # inside emulate(link): regions are timed on the virtual clock
+            _VIRTUAL.append((self.events, emulated_link.now))
             return self
         if self.enabled and not self.torch_ops:
             if dist.is_initialized():

@@ -2,8 +2,8 @@
 
 Formulas from course_lib.costs.alpha_beta (BytePS, Jiang et al. OSDI'20; Patarasuk & Yuan 2009): a single parameter
 server receives n*M and sends n*M bytes per step (k servers: n*M/k each); ring all-reduce sends 2(n-1)/n*M per rank.
-The bytes are counted through intercept.py's hooks, not recorder.py's events: the messages netem delays, counted when
-they complete (a receive whose wait() falls in the next step counts there).
+The bytes are counted through intercept.py's hooks, not recorder.py's events: the messages the emulated link delays,
+counted when they complete (a receive whose wait() falls in the next step counts there).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ takes the same SGD step as one process on the combined batch. "naive": one all-r
 last layer first, as DDP fills them; one all-reduce per bucket, launched from gradient hooks during backward when
 overlap=True); "ddp": torch.nn.parallel.DistributedDataParallel (Li et al., VLDB 2020), with no_sync() for
 gradient accumulation. collective="ring" uses the course's ring from point-to-point messages (notebook 06) instead
-of dist.all_reduce, so that traffic.metered counts its bytes and netem.emulate delays them: the fair comparison
+of dist.all_reduce, so that traffic.metered counts its bytes and emulated_link.emulate delays them: the fair comparison
 with the PS.
 """
 
@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
-from ..measure.netem import emulate
+from ..measure.emulated_link import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
 from .data import load_digits
@@ -121,7 +121,7 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
 
     accum > 1 splits each rank's batch into `accum` micro-batches and all-reduces once per step (DDP: no_sync on
     all but the last). Returns final flat parameters, per-step losses, seconds and bytes (sent, received; only the
-    course ring's messages are counted), and timeline events. `link`: a netem link that the course ring's
+    course ring's messages are counted), and timeline events. `link`: an emulated link that the course ring's
     messages cross, timed on its virtual clock; `compute_s`: a fixed emulated cost added to each step's backward.
     """
     if method not in ("naive", "bucket", "ddp"):

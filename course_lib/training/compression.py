@@ -23,7 +23,7 @@ from torch import nn
 
 from .. import device
 from ..collectives import chunk_bounds, ring_all_gather, ring_all_reduce
-from ..measure.netem import emulate
+from ..measure.emulated_link import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
 from .gossip import digits, evaluate, mean_atol

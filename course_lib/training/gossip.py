@@ -26,7 +26,7 @@ from torch import nn
 
 from .. import device
 from ..collectives.p2p import post_together
-from ..measure.netem import emulate
+from ..measure.emulated_link import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
 from .data import load_digits

@@ -19,7 +19,7 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
-from ..measure.netem import emulate
+from ..measure.emulated_link import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
 from .adam import adam_step
@@ -76,7 +76,7 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
 
     eval_every > 0: at each sync whose step is a multiple of it, rank 0 records (step, bytes sent so far, training
     seconds so far, loss and accuracy on all digits); evaluation time is left out of the seconds. `compute_s`: a fixed
-    emulated compute per step (on netem's virtual clock inside a link); `straggler`: (rank, factor[, compute_s]) for
+    emulated compute per step (on the link's virtual clock); `straggler`: (rank, factor[, compute_s]) for
     straggler.Straggler. `outer_step(flat, anchor, momentum)` replaces diloco_outer_step
     (exercise 11b.1); by_label: shards of a few classes each.
     dtype=torch.float64 for comparisons with `simulate` that float32 cannot decide (AdamW:

@@ -1,12 +1,12 @@
 """The one training loop the data-parallel trainers of notebooks 08-11b share, and the one their references share.
 
 As picotron wraps one model in its parallel wrappers around one training loop, each trainer hands `worker_steps` only
-its algorithm: what it does after backward (what it sends, how it updates the weights). One step of a worker: its
-batch of its own shard (data.worker_batch), the gradients zeroed, forward and backward in a "compute" region (with a
-fixed emulated compute cost on netem's clock when asked), the algorithm, then the byte meter's step and the step's
-seconds. Its callers: allreduce.dp_train, ps._worker and ps._colocated, gossip.dpsgd_train,
-local_sgd.local_sgd_train, compression.compressed_train. `simulate_workers` is the loop of their single-process
-references (gossip.simulate, local_sgd.simulate, compression.simulate_powersgd): one process playing every worker.
+its algorithm: what it does after backward (what it sends, how it updates the weights). One step of a worker: its batch
+of its own shard (data.worker_batch), the gradients zeroed, forward and backward in a "compute" region (with a fixed
+emulated compute cost on the link's virtual clock when asked), the algorithm, then the byte meter's step and the step's
+seconds. Its callers: allreduce.dp_train, ps._worker and ps._colocated, gossip.dpsgd_train, local_sgd.local_sgd_train,
+compression.compressed_train. `simulate_workers` is the loop of their single-process references (gossip.simulate,
+local_sgd.simulate, compression.simulate_powersgd): one process playing every worker.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..measure import netem
+from ..measure import emulated_link
 from ..measure.timeline import region
 from .data import worker_batch
 
@@ -35,8 +35,8 @@ def worker_steps(model, steps: int, batch_size: int, seed: int, update, meter, d
                  workers: int | None = None, by_label: bool = False, compute_s: float | None = None, zero_grad=None,
                  accum: int = 1, micro_batch=None, after_step=None) -> tuple[list[float], list[float]]:
     """Train `steps` steps as worker `worker` of `workers` (default: this rank of the world) on `data` (x, y);
-    return (loss per step, seconds per step on netem's clock). `update(step)` is the algorithm, after backward;
-    `after_step(step, seconds)` runs once the step is timed (a measurement, left out of its seconds).
+    return (loss per step, seconds per step on the link's virtual clock). `update(step)` is the algorithm, after
+    backward; `after_step(step, seconds)` runs once the step is timed (a measurement, left out of its seconds).
     accum > 1: the batch in that many micro-batches, each entered with `micro_batch(last)` (DDP's no_sync) and its
     loss divided by accum; `zero_grad` in place of the model's (a bucket reducer keeps its gradient buffers)."""
     worker = dist.get_rank() if worker is None else worker
@@ -45,7 +45,7 @@ def worker_steps(model, steps: int, batch_size: int, seed: int, update, meter, d
     q = next(model.parameters())
     losses, step_s = [], []
     for step in range(steps):
-        t = netem.now()
+        t = emulated_link.now()
         xb, yb = worker_batch(x, y, worker, workers, batch_size, step, seed, by_label)
         (zero_grad or model.zero_grad)()
         total = 0.0
@@ -55,12 +55,12 @@ def worker_steps(model, steps: int, batch_size: int, seed: int, update, meter, d
                 loss = nn.functional.cross_entropy(model(xm.to(q.device, q.dtype)), ym.to(q.device)) / accum
                 loss.backward()
                 if compute_s is not None and last:
-                    netem.compute(compute_s)
+                    emulated_link.compute(compute_s)
             total += loss.item()
         update(step)
         meter.step()
         losses.append(total)
-        step_s.append(netem.now() - t)
+        step_s.append(emulated_link.now() - t)
         if after_step is not None:
             after_step(step, step_s[-1])
     return losses, step_s

@@ -21,8 +21,8 @@ from torch import nn
 
 from .. import device
 from ..costs import alpha_beta
-from ..measure.netem import Link
-from ..measure.netem import link as named_link
+from ..measure.emulated_link import Link
+from ..measure.emulated_link import link as named_link
 from .allreduce import buckets
 from .data import combined_batch, load_digits, worker_batch
 from .model import flat_params

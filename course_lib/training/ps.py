@@ -7,7 +7,8 @@ full barrier per step): workers pull, compute, push; each server waits for all n
 Asynchronous: a server applies each gradient when it arrives and answers that worker at once; the staleness of a
 gradient = server updates since that worker last pulled. Colocated (every rank a worker and the server of one
 shard, as BytePS, Jiang et al. OSDI'20, compares with all-reduce): a shard's own gradient and weights never leave
-their machine. Every message is dist.send/recv/isend/irecv, so traffic.metered and netem.emulate see all of them.
+their machine. Every message is dist.send/recv/isend/irecv, so traffic.metered and
+emulated_link.emulate see all of them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch.distributed as dist
 
 from .. import device
 from ..collectives import chunk_bounds
-from ..measure import netem
-from ..measure.netem import emulate
+from ..measure import emulated_link
+from ..measure.emulated_link import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
 from .data import load_digits
@@ -175,7 +176,7 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
 
     Returns this rank's role, final flat parameters (workers: the model; servers: their shard), per-step bytes
     (sent, received), per-step seconds and losses (workers), staleness (async servers), and timeline events.
-    `link`: a netem link (or its name) that every message crosses, timed on its virtual clock; `compute_s`: a
+    `link`: an emulated link (or its name) that every message crosses, timed on its virtual clock; `compute_s`: a
     fixed emulated cost added to each worker's forward+backward (a list: one per worker); `profile`: record the
     timeline; `server(shard, workers, steps, lr)`: a server loop written in a notebook (08's async_server) in place
     of the built-in one; `colocated`: every rank is a worker and the server of shard `rank` (n_servers unused);
@@ -219,5 +220,5 @@ def ps_train(steps: int = 10, n_servers: int = 1, batch_size: int = 32, lr: floa
                           data, compute_s, pieces)
             out.update(role="worker", params=flat_params(model))
     out.update(traffic=meter.steps, timeline=tl.events, model_bytes=flat.numel() * flat.element_size(),
-               link_busy=netem.link_busy() if link is not None else {})
+               link_busy=emulated_link.link_busy() if link is not None else {})
     return out

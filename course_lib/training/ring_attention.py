@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives.p2p import post_together
-from ..measure import netem
+from ..measure import emulated_link
 
 
 def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
@@ -62,12 +62,12 @@ def positions(rank: int, p: int, seq: int, layout: str = "contiguous") -> torch.
 def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", overlap: bool = True,
                    flops: float | None = None, stats: dict | None = None):
     """This rank's attention output for its own queries (the library copy of notebook 15b's cell). q, k, v: this
-    rank's blocks; the pair (k, v) goes to rank+1 and comes from rank-1 at every step. overlap=False waits for the
-    next block before computing (the naive order). Causal blocks are computed whole and masked (no half-block
-    kernel). flops: an emulated FLOP/s; each computed block then also charges 4 c c d / flops seconds with
-    netem.compute, on netem's virtual clock inside netem.emulate(link), so a step lasts what the schedule takes on
-    that link, on any machine. stats, if given, gets the blocks computed, the messages sent, per step (whose block,
-    computed or skipped) and each step's seconds by netem.now()."""
+    rank's blocks; the pair (k, v) goes to rank+1 and comes from rank-1 at every step. overlap=False waits for the next
+    block before computing (the naive order). Causal blocks are computed whole and masked (no half-block kernel). flops:
+    an emulated FLOP/s; each computed block then also charges 4 c c d / flops seconds with emulated_link.compute, on the
+    link's virtual clock inside emulated_link.emulate(link), so a step lasts what the schedule takes on that link, on
+    any machine. stats, if given, gets the blocks computed, the messages sent, per step (whose block, computed or
+    skipped) and each step's seconds by emulated_link.now()."""
     rank, p = dist.get_rank(), dist.get_world_size()
     seq = len(q) * p
     q_pos = positions(rank, p, seq, layout)
@@ -80,7 +80,7 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
     trace, step_s = [], []
     for step in range(p):
         src = (rank - step) % p                      # whose keys and values I hold now
-        nxt, reqs, t0 = None, [], netem.now()
+        nxt, reqs, t0 = None, [], emulated_link.now()
         if step < p - 1:
             nxt = torch.empty_like(kv)
             # one batch: an isend then an irecv posted apart deadlock the ring on NCCL (notebook 04)
@@ -96,14 +96,14 @@ def ring_attention(q, k, v, causal: bool = False, layout: str = "contiguous", ov
             m = online_update(o, m, den, s, kv[1])
             computed += 1
             if flops:
-                netem.compute(4 * len(q) * kv.shape[1] * q.shape[-1] / flops)   # q k^T and p v: 2 FLOPs per MAC
+                emulated_link.compute(4 * len(q) * kv.shape[1] * q.shape[-1] / flops)   # q k^T and p v: 2 FLOPs per MAC
             trace.append((src, True))
         else:
             trace.append((src, False))
         del s
         if overlap and reqs:
             _wait(reqs)
-        step_s.append(netem.now() - t0)
+        step_s.append(emulated_link.now() - t0)
         if nxt is not None:
             kv = nxt
     if stats is not None:

@@ -1,7 +1,7 @@
 """A straggler (掉队者) on purpose: one rank whose forward and backward take `factor` times as long (notebook 11b).
 
 Hooks on the model time each step's compute, from the forward call to the last gradient of backward. Inside
-netem.emulate(link) every rank's compute costs a fixed compute_s on the virtual clock (the straggler's factor *
+emulated_link.emulate(link) every rank's compute costs a fixed compute_s on the virtual clock (the straggler's factor *
 compute_s): a stand-in for a GPU step of known length, the same on any machine. Outside it, with compute_s = 0 the
 chosen rank sleeps (factor - 1) times its measured compute, and with compute_s > 0 every rank's compute is padded by
 sleeping to compute_s (the straggler's to factor * compute_s); sleeping, not spinning, so the ranks sharing this
@@ -16,7 +16,7 @@ import time
 import torch.distributed as dist
 from torch import nn
 
-from ..measure import netem
+from ..measure import emulated_link
 
 
 class Straggler:
@@ -42,8 +42,8 @@ class Straggler:
 
     def _grad_done(self, param):
         self._left -= 1
-        if self._left == 0 and self._t0 is not None and netem.virtual():
-            netem.compute(self.floor)
+        if self._left == 0 and self._t0 is not None and emulated_link.virtual():
+            emulated_link.compute(self.floor)
             self.compute_s.append(self.floor)
             self._t0 = None
         elif self._left == 0 and self._t0 is not None:

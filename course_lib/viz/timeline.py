@@ -41,7 +41,8 @@ def plot_lanes(per_rank: list, labels: list | None = None, title: str = "", ax=N
 
 
 def plot_link(busy: dict, title: str = "", ax=None):
-    """One NIC's two directions as two lanes, each message a bar while it holds that side (netem.link_busy())."""
+    """One NIC's two directions as two lanes, each message a bar while it holds that side
+    (emulated_link.link_busy())."""
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 1.3), dpi=100)
     for row, side in enumerate(("out", "in")):

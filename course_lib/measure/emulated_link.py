@@ -185,7 +185,7 @@ def emulate(lnk: Link | str | None):
         raise RuntimeError("emulate() blocks do not nest: one link per rank at a time")
     lnk = link(lnk) if isinstance(lnk, str) else lnk
     _BLOCKS[0] += 1
-    clock = VirtualClock(lnk, c10d._get_default_store(), f"netem/{_BLOCKS[0]}")
+    clock = VirtualClock(lnk, c10d._get_default_store(), f"emulated_link/{_BLOCKS[0]}")
     _CLOCK = clock
     try:
         with hooked(clock.on_send, before_recv=clock.on_recv):
