@@ -24,8 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..collectives import chunk_bounds
-from ..measure.c10d_ops import RECVS, SENDS, group_of, nbytes, op_key
-from ..measure.recorder import _global
+from ..measure.recorder import event
 from ..measure.traffic import Meter
 from ..runtime.devices import device
 from ..training import ps, tolerance
@@ -111,12 +110,9 @@ def _gate(exercise: str, servers: list[int], shard_bytes: list[int]):
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                key = op_key(func)
-                if key in SENDS or key in RECVS:
-                    tensors = args[0] if args else kwargs.get("tensors", kwargs.get("input"))
-                    ints = [a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)]
-                    peer = -1 if key == "c10d.recv_any_source_" else _global(group_of(args), ints[0] if ints else None)
-                    problem = self.problem(key in SENDS, peer, nbytes(tensors))
+                seen = event(func, args, kwargs)     # the recorder's reading of the call, before it runs
+                if seen is not None and seen.kind in ("send", "recv"):
+                    problem = self.problem(seen.kind == "send", seen.peer, seen.nbytes)
                     if problem:
                         raise SwitchedOff(f"{self.exercise}: your worker (rank {dist.get_rank()}) {problem}")
                 return func(*args, **kwargs)
