@@ -114,27 +114,12 @@ def _exchange(rows: torch.Tensor, out_splits: list[int], in_splits: list[int], g
     return out
 
 
-class ExchangeRows(torch.autograd.Function):
-    """The exchange that autograd goes through: backward sends every row's gradient back to the rank the row came
-    from, the reverse exchange with the split sizes swapped (notebook 15, exercise 15.2)."""
-
-    @staticmethod
-    def forward(ctx, rows, out_splits, in_splits):
-        ctx.splits = (list(out_splits), list(in_splits))
-        return _exchange(rows, out_splits, in_splits)
-
-    @staticmethod
-    def backward(ctx, grad):
-        out_splits, in_splits = ctx.splits
-        return _exchange(grad, in_splits, out_splits), None, None
-
-
 def ep_forward(x: torch.Tensor, layer: MoE, exchange=None, group=None) -> torch.Tensor:
     """Expert-parallel MoE (the library copy of notebook 15's cell): this rank's tokens x go to the rank holding
     their expert with all_to_all_single (counts first, then tokens), come back the same way, and are combined.
     `group`: the expert-parallel ranks (default: all of them); the experts are spread over this group only.
     `exchange(rows, out_splits, in_splits)` moves the rows within it (default: all_to_all_single, which autograd
-    stops at; a differentiable exchange, such as ExchangeRows.apply on the whole world, to train the experts)."""
+    stops at; a differentiable exchange, such as exercise 15.2's, to train the experts)."""
     move = exchange or (lambda rows, out_splits, in_splits: _exchange(rows, out_splits, in_splits, group))
     rank, p = dist.get_rank(group), dist.get_world_size(group)
     mine = experts_of(rank, layer.n_experts, p)
