@@ -146,9 +146,18 @@ def push_pull_batched(grad, params, servers):                   # right, written
     params.copy_(torch.cat(new))
 
 
+def push_pull_by_the_librarys_pieces(grad, params, servers):
+    from course_lib.collectives import chunk_bounds
+    from course_lib.training.ps import _push_pull_pieces
+
+    _push_pull_pieces(grad, params, chunk_bounds(params.numel(), len(servers)), servers, 1)
+
+
 def test_push_pull_refuses_the_library():
     with pytest.raises(ExerciseFailed, match=r"training\.ps\._push_pull \(it holds the answer\) is switched off"):
         check_sharded_push_pull(push_pull_by_the_library)
+    with pytest.raises(ExerciseFailed, match=r"ps\._push_pull_pieces \(it holds the answer\) is switched off"):
+        check_sharded_push_pull(push_pull_by_the_librarys_pieces)
 
 
 def test_push_pull_refuses_workers_talking_to_workers():

@@ -42,7 +42,9 @@ BYTES_SHORTCUTS = tuple(dict.fromkeys((
     *RING_SHORTCUTS, "course_lib.costs.alpha_beta.ps_vs_allreduce", "course_lib.costs.alpha_beta.byteps_optimal",
     "course_lib.costs.projection.ps_step", "course_lib.costs.projection.ring_step",
     "course_lib.costs.projection.project", *(_PS + f for f in ("ps_train", "_colocated", "_sync_server")), _LOOP)))
-PUSH_PULL_SHORTCUTS = (*(_PS + f for f in ("_push_pull", "_pull", "_worker", "ps_train", "_colocated")), _LOOP)
+# Every function of the PS that pushes or pulls a shard: each one holds 8.2's answer.
+PUSH_PULL_SHORTCUTS = (*(_PS + f for f in ("_push_pull", "_push_pull_pieces", "_pull", "_exchange", "_worker",
+                                           "ps_train", "_colocated")), _LOOP)
 
 
 # ---------------------------------------------------------------- 8.1 the busiest NIC of a colocated PS
