@@ -34,7 +34,7 @@ def load_ipython_extension(ipython) -> None:
     from .runtime.forkserver import start_early
 
     # before the magic's own imports (torch): the rank server's torch import then runs beside this kernel's
-    start_early(("course_lib.runtime.persistent_rank",))
+    start_early(("course_lib.runtime.persistent_rank_main",))
     from .runtime.ranks_magic import load_ipython_extension as load
 
     load(ipython)

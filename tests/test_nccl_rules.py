@@ -218,7 +218,7 @@ def f():
     dist.all_gather_single(whole, x)              # torch 2.13's names for the single-tensor forms
     piece = torch.empty(5, device=device())
     dist.reduce_scatter_single(piece, whole)
-    dist.reduce_scatter_tensor(piece, whole * 2)  # which itself calls reduce_scatter_single: wrapped once
+    dist.reduce_scatter_tensor(piece, whole * 2)  # calls reduce_scatter_single inside: checked once, no self-wait
     objs = [None] * p
     dist.all_gather_object(objs, {"rank": r})
     return x + piece, torch.stack(parts), objs

@@ -123,7 +123,8 @@ def test_every_c10d_operator_and_collective_of_torch_distributed_is_in_the_one_t
 
 def _one_recording():
     from course_lib.checks.watch import Watch, summary
-    from course_lib.measure.alltoall_log import AllToAllLog
+    from course_lib.measure.alltoall_log import AllToAllLog, exchanges_of
+    from course_lib.measure.comm_log import calls_of
 
     r, p = dist.get_rank(), dist.get_world_size()
     t = torch.ones(4)                                         # 16 bytes
@@ -134,9 +135,12 @@ def _one_recording():
         dist.all_to_all_single(torch.empty(3 * (r + 1), 2), torch.ones(6, 2), [r + 1] * 3, [1, 2, 3])
         for work in (dist.isend(t, (r + 1) % p), dist.irecv(torch.empty(4), (r - 1) % p)):
             work.wait()
-    log, a2a = CommLog(w.events), AllToAllLog(w.events)       # views of the events Watch recorded
-    return {"calls": [(c.op, c.size, c.p) for c in log.calls], "alone": [(c.op, c.size, c.p) for c in alone.calls],
-            "a2a": [(e.to, e.frm, e.via, e.sent) for e in a2a.calls], "sent": a2a.sent, "received": a2a.received,
+    mine = exchanges_of(w.events)                             # the views, read off the events Watch recorded
+    return {"calls": [(c.op, c.size, c.p) for c in calls_of(w.events)],
+            "alone": [(c.op, c.size, c.p) for c in alone.calls],
+            "a2a": [(e.to, e.frm, e.via, e.sent) for e in mine],
+            "sent": (sum(e.sent for e in mine), exchanges.sent), "received": (sum(e.received for e in mine),
+                                                                              exchanges.received),
             "a2a_alone": [(e.to, e.frm, e.via, e.sent) for e in exchanges.calls], "summary": summary(w.record())}
 
 
@@ -147,8 +151,26 @@ def test_one_recording_gives_commlogs_sizes_alltoall_bytes_and_watchs_messages()
         s_a2a = 3 * (r + 1) * 8                               # S of an all-to-all: its output, as nccl-tests
         assert v["calls"] == v["alone"] == [("all_reduce", 16, 3), ("all_gather", 48, 3), ("all_to_all", s_a2a, 3)]
         assert v["a2a"] == v["a2a_alone"] == [([8, 16, 24], [8 * (r + 1)] * 3, "c10d", 48 - 8 * (r + 1))]
-        assert (v["sent"], v["received"]) == (48 - 8 * (r + 1), 16 * (r + 1))
+        assert v["sent"] == (48 - 8 * (r + 1),) * 2 and v["received"] == (16 * (r + 1),) * 2
         s = v["summary"]
         assert (s["messages_sent"], s["bytes_sent"], s["messages_recv"], s["bytes_recv"]) == (1, 16, 1, 16)
         assert (s["sent_to"], s["recv_from"]) == ([(r + 1) % 3], [(r - 1) % 3])
         assert s["collectives"] == {"all_reduce": 1, "all_gather_single": 1, "all_to_all": 1}
+
+
+def _counted_calls():
+    from course_lib.measure.collective_calls import counted
+
+    t = torch.ones(4)
+    with counted() as calls:
+        dist.all_reduce(t)
+        dist.reduce_scatter_single(torch.empty(4), torch.ones(12))
+        dist.all_gather([torch.empty(4) for _ in range(3)], t)
+    return [(c.op, c.numel, c.nbytes) for c in calls]
+
+
+def test_counted_measures_each_call_by_its_largest_tensor_argument_in_elements_and_bytes_alike():
+    # collective_calls.counted (notebook 11b): a reduce-scatter by its input (S, as nccl-tests counts it), a list
+    # all-gather by its outputs together; elements and bytes read the same tensors (float32: 4 bytes each)
+    for calls in run(_counted_calls, world_size=3, output="none", timeout=60).values:
+        assert calls == [("all_reduce", 4, 16), ("reduce_scatter_single", 12, 48), ("all_gather", 12, 48)]

@@ -37,13 +37,17 @@ class Exchange:
         return sum(b for j, b in enumerate(self.frm) if j != self.rank)
 
 
+def exchanges_of(events) -> list[Exchange]:
+    """The all_to_all_single calls among recorder.py's events."""
+    return [Exchange(e.to, e.frm, e.rank, e.via) for e in events if e.to is not None]
+
+
 class AllToAllLog(Recorder):
-    """`with AllToAllLog() as log:` records every all_to_all_single of this rank in the block (log.calls);
-    AllToAllLog(events) reads the events another recorder holds (recorder.py)."""
+    """`with AllToAllLog() as log:` records every all_to_all_single of this rank in the block (log.calls)."""
 
     @property
     def calls(self) -> list[Exchange]:
-        return [Exchange(e.to, e.frm, e.rank, e.via) for e in self.events if e.to is not None]
+        return exchanges_of(self.events)
 
     @property
     def sent(self) -> int:

@@ -39,15 +39,18 @@ class Call:
         return float(self.size)
 
 
+def calls_of(events) -> list[Call]:
+    """The sized collectives among recorder.py's events, in the order they ran (point-to-point messages are not:
+    checks/watch.py counts them)."""
+    return [Call(family(e.collective), e.size, e.p) for e in events if e.size is not None]
+
+
 class CommLog(Recorder):
-    """`with CommLog() as log:` records every collective this rank runs in the block (log.calls); CommLog(events)
-    reads the events another recorder holds (recorder.py)."""
+    """`with CommLog() as log:` records every collective this rank runs in the block (log.calls)."""
 
     @property
     def calls(self) -> list[Call]:
-        """The sized collectives in the order they ran (point-to-point messages are not: checks/watch.py counts
-        them)."""
-        return [Call(family(e.collective), e.size, e.p) for e in self.events if e.size is not None]
+        return calls_of(self.events)
 
     def summary(self) -> dict:
         """{collective: {"calls", "bytes" (sum of S), "ring_bytes" (sent by this rank)}}, plus a "total" row."""

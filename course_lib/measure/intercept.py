@@ -4,11 +4,11 @@ each wait().
 Why patching: the course's collectives (course_lib.collectives, notebook 06) and the parameter server call
 `dist.isend`/`dist.irecv` through the module, so wrapping those four names for the duration of a `with` block makes
 every message of both architectures visible (counted by traffic.py, delayed by emulated_link.py) without changing
-either. Why not recorder.py's dispatch mode: the emulated link must run code when the caller's wait() on a message
-returns (a request returned by these wrappers does), where a dispatch mode sees only the operator call; and a whole
-training run under a dispatch mode would run Python for every tensor operation, where these four wrappers cost nothing
-elsewhere. Only point-to-point calls are seen: torch's own dist.all_reduce and DDP move their bytes inside gloo/NCCL and
-are not.
+either. Why not recorder.py's dispatch mode: a dispatch mode sees only the calls of the thread that entered it, and
+a whole training run under one would run Python for every tensor operation, where these four wrappers cost nothing
+elsewhere; and the emulated link must act when a message's wait() returns, which the requests these wrappers hand out
+do without patching torch's Work class (Watch, for a checker's short window, does patch it). Only point-to-point calls
+are seen: torch's own dist.all_reduce and DDP move their bytes inside gloo/NCCL and are not.
 """
 
 from __future__ import annotations

@@ -56,8 +56,10 @@ def _reduce_op(args) -> str | None:
 
 
 def _numel(t) -> int:
-    """Elements of a tensor, or of a list of tensors together."""
-    return t.numel() if isinstance(t, torch.Tensor) else sum(x.numel() for x in t if isinstance(x, torch.Tensor))
+    """Elements of a tensor, or of the tensors in a (nested) list together: what c10d_ops.nbytes counts, in elements."""
+    if isinstance(t, torch.Tensor):
+        return t.numel()
+    return sum(_numel(x) for x in t) if isinstance(t, list | tuple) else 0
 
 
 def _global(group, peer):
@@ -123,16 +125,17 @@ def event(func, args, kwargs) -> Event | None:
 
 
 class Recorder(TorchDispatchMode):
-    """`with Recorder() as rec:` appends an Event to rec.events for each c10d operator this rank calls in the block;
-    Recorder(events) is a view of the events another recorder holds."""
+    """`with Recorder() as rec:` appends an Event to rec.events for each c10d operator this rank calls in the block.
+    The views read events with plain functions (comm_log.calls_of, alltoall_log.exchanges_of), so one recording
+    serves them all and a view never records into another's list."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False          # the default wrapper imports torch._dynamo (seconds per rank); nothing here compiles
 
-    def __init__(self, events: list[Event] | None = None):
+    def __init__(self):
         super().__init__()
-        self.events: list[Event] = [] if events is None else events
+        self.events: list[Event] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

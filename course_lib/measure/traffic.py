@@ -2,8 +2,10 @@
 
 Formulas from course_lib.costs.alpha_beta (BytePS, Jiang et al. OSDI'20; Patarasuk & Yuan 2009): a single parameter
 server receives n*M and sends n*M bytes per step (k servers: n*M/k each); ring all-reduce sends 2(n-1)/n*M per rank.
-The bytes are counted through intercept.py's hooks, not recorder.py's events: the messages the emulated link delays,
-counted when they complete (a receive whose wait() falls in the next step counts there).
+The bytes are counted through intercept.py's hooks on dist.send/recv/isend/irecv (batch_isend_irecv included), the
+messages the emulated link delays: a send when it is posted, a receive when it completes (one whose wait() falls in the
+next step counts there). A message posted through the ProcessGroup object or torch's functional p2p is not seen here;
+the checkers' Watch (recorder.py's events) sees those too.
 """
 
 from __future__ import annotations

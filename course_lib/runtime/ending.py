@@ -119,17 +119,17 @@ def end_tree(pid, polite: bool = True, grace: float = 3.0) -> list[int]:
     if pid is None or pid <= 0:
         return []
     procs = [_Pid(pid, popen), *(_Pid(p) for p in descendants(pid))]
-    escalation = TermThenKill(procs, term_s=grace)
+    ending = TermThenKill(procs, term_s=grace)
 
     def tick(now: float) -> None:
-        if escalation.phase == "SIGTERM" and now - escalation.since >= escalation.term_s:
+        if ending.phase == "SIGTERM" and now - ending.since >= ending.term_s:
             # what started below the tree while it was asked to end goes too
             known = {p.pid for p in procs}
             procs.extend(_Pid(p) for p in descendants(pid) if p not in known)
         for p in procs:
             p.look()
-        escalation.tick(now)
+        ending.tick(now)
 
-    (escalation.terminate if polite else escalation.kill)(time.monotonic())
-    Loop().run(escalation.over, tick=tick)
+    (ending.terminate if polite else ending.kill)(time.monotonic())
+    Loop().run(ending.over, tick=tick)
     return [p.pid for p in procs if p.exit is None]

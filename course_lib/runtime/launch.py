@@ -69,7 +69,7 @@ class _Launch:
                 loop.watch(fd, partial(self._read, rp, kind))
         loop.watch(self.server.fileno(), self._pump)
         self._deadline = time.monotonic() + self.timeout + WATCH_SLACK_S
-        self._escalation, self._grace_end, self._judged = TermThenKill(self.ranks), 0.0, set()
+        self._ending, self._grace_end, self._judged = TermThenKill(self.ranks), 0.0, set()
         loop.run(lambda: self.phase == DRAINED, tick=self._tick)
 
     def _tick(self, now: float) -> None:
@@ -89,13 +89,13 @@ class _Launch:
             self.unfinished_at_deadline = [rp.rank for rp in self.ranks if rp.exit is None]
             self._locate([rp for rp in self.ranks if rp.exit is None])
             self.phase = SIGTERM
-            self._escalation.terminate(time.monotonic())
+            self._ending.terminate(time.monotonic())
         elif self.phase == GRACE and now >= self._grace_end:
             self.phase = SIGTERM
-            self._escalation.terminate(now)
+            self._ending.terminate(now)
         elif self.phase in (SIGTERM, SIGKILL):
-            self._escalation.tick(now)
-            self.phase = DRAINED if self._escalation.phase == "gave up" else self._escalation.phase
+            self._ending.tick(now)
+            self.phase = DRAINED if self._ending.phase == "gave up" else self._ending.phase
 
     def _pump(self) -> bool:
         """The server reports pids and exit codes."""

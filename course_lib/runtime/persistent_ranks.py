@@ -83,7 +83,7 @@ class Ranks:
         return self
 
     def _spawn(self) -> None:
-        server = get_server((*rank_preloads(), "course_lib.runtime.persistent_rank"))
+        server = get_server((*rank_preloads(), "course_lib.runtime.persistent_rank_main"))
         self._rdzv = tempfile.mkdtemp(prefix="course_lib-ranks-")
         self.channel = Channel(server, [])
         with server.lock:
@@ -91,7 +91,7 @@ class Ranks:
                 self.stack_files[rank] = os.path.join(self._rdzv, f"stack-{rank}")
                 the_payload = payload(self.plan, rank, timeout=self.timeout, check_collectives=self.check,
                                       store_file=os.path.join(self._rdzv, "store"),
-                                      entry="course_lib.runtime.persistent_rank", nccl_rules=self.nccl_rules,
+                                      entry="course_lib.runtime.persistent_rank_main", nccl_rules=self.nccl_rules,
                                       stack_file=self.stack_files[rank])
                 the_payload["env"]["MPLBACKEND"] = "Agg"  # ranks draw headless; their figures come back as PNGs
                 self.channel.procs.append(spawn(server, the_payload, persistent=True))

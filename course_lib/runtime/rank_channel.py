@@ -1,6 +1,6 @@
 """Talking to persistent ranks: numbered requests over each rank's control socket, their replies, their output.
 
-The transport of persistent_ranks.py; the rank's side is persistent_rank.py and the
+The transport of persistent_ranks.py; the rank's side is persistent_rank_main.py and the
 messages are listed in docs/ARCHITECTURE.md.
 """
 

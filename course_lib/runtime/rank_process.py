@@ -225,20 +225,20 @@ def spawn(server, the_payload: dict, persistent: bool = False) -> RankProcess:
 
 def end_ranks(procs: list[RankProcess], server) -> None:
     """End every rank still running and return once the server reported each exit (a second Ctrl-C: SIGKILL now)."""
-    escalation = TermThenKill(procs)
-    escalation.terminate(time.monotonic())
+    ending = TermThenKill(procs)
+    ending.terminate(time.monotonic())
 
     def tick(now: float) -> None:
         for p in procs:
             p.note_exit(server.exits, now)
-        escalation.tick(now)
+        ending.tick(now)
 
     with server.lock:
         while True:
             loop = Loop()
             loop.watch(server.fileno(), lambda: server.pump(0))  # pids' exits; False once the server is gone
             try:
-                loop.run(lambda: escalation.over() or not server.alive(), tick=tick)
+                loop.run(lambda: ending.over() or not server.alive(), tick=tick)
                 return
             except KeyboardInterrupt:
-                escalation.kill(time.monotonic())
+                ending.kill(time.monotonic())

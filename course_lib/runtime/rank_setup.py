@@ -1,6 +1,6 @@
 """Inside a freshly forked rank, before the learner's code: its own output, its lifeline, its process group.
 
-Shared by the one-shot rank (rank_main.py) and the persistent rank (persistent_rank.py);
+Shared by the one-shot rank (rank_main.py) and the persistent rank (persistent_rank_main.py);
 the kernel's side is rank_process.py.
 """
 
