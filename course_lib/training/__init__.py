@@ -1,7 +1,8 @@
 """Training algorithms across ranks, one module per concept, in the order the notebooks teach them.
 
-- data, model, threads: the UCI digits sharded per worker, a small MLP and its single-process run (08).
-- loop: the one worker loop the trainers of 08-11b share, and the one their single-process references share.
+- data, model, threads: the UCI digits sharded per worker, a small MLP and its single-process run (08), one intra-op
+  thread for the small single-process references (11).
+- worker_loop: the worker loop the trainers of 08-11b share, and the loop their single-process references share.
 - ps (08); allreduce, overlap (09: by hand, in buckets, DDP; all-reduce overlapped with backward over an emulated
   NIC).
 - gossip, local_sgd, compression, straggler (11, 11b: D-PSGD on graphs, local SGD and DiLoCo, top-k and PowerSGD,

@@ -21,12 +21,13 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
+from ..measure import emulated_link
 from ..measure.emulated_link import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
-from .data import load_digits
-from .loop import sgd_, worker_steps
+from .data import load_digits, worker_batch
 from .model import flat_params, make_mlp
+from .worker_loop import sgd_, worker_steps
 
 
 def _all_reduce(collective: str):
@@ -128,7 +129,7 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
         raise ValueError(f"method must be 'naive', 'bucket' or 'ddp', got {method!r}")
     if batch_size % accum:
         raise ValueError(f"batch_size {batch_size} must split into accum={accum} equal micro-batches")
-    n = dist.get_world_size()
+    rank, n = dist.get_rank(), dist.get_world_size()
     dev = device()
     model = make_mlp(hidden, seed).to(dev)
     all_reduce = _all_reduce(collective)
@@ -141,10 +142,23 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
     elif method == "bucket":
         reducer = BucketReducer(model, bucket_bytes, all_reduce, overlap)
 
-    def micro_batch(last: bool):
-        if reducer:
-            reducer.arm(last)
-        return model.no_sync() if method == "ddp" and not last else contextlib.nullcontext()
+    def accumulate(xb, yb):
+        """The batch in `accum` micro-batches whose gradients add up, each loss divided by accum, so that the sum is
+        the whole batch's gradient; only the last backward all-reduces (DDP: no_sync() on the others)."""
+        (reducer or model).zero_grad()            # a reducer zeroes its buckets: model.zero_grad() drops the views
+        loss = 0.0
+        for j, (xm, ym) in enumerate(zip(xb.chunk(accum), yb.chunk(accum))):
+            last = j == accum - 1
+            if reducer:
+                reducer.arm(last)
+            no_sync = model.no_sync() if method == "ddp" and not last else contextlib.nullcontext()
+            with no_sync, region("compute", "forward+backward"):
+                part = nn.functional.cross_entropy(model(xm.to(dev)), ym.to(dev)) / accum
+                part.backward()
+                if compute_s is not None and last:
+                    emulated_link.compute(compute_s)
+            loss += part.item()
+        return loss
 
     def average_and_step(step: int):
         if method == "naive":
@@ -157,11 +171,10 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
         with region("compute", "sgd step"):
             sgd_(model.parameters(), lr)
 
-    data, meter, tl = load_digits(), Meter(), Timeline(profile)
+    (x, y), meter, tl = load_digits(), Meter(), Timeline(profile)
     with emulate(link), metered(meter), tl:
-        losses, step_s = worker_steps(model, steps, batch_size, seed, average_and_step, meter, data,
-                                      compute_s=compute_s, zero_grad=(reducer or model).zero_grad, accum=accum,
-                                      micro_batch=micro_batch)
+        losses, step_s = worker_steps(steps, lambda step: worker_batch(x, y, rank, n, batch_size, step, seed),
+                                      accumulate, average_and_step, meter)
     inner = model.module if method == "ddp" else model
     flat = flat_params(inner)
     return {"params": flat.cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,

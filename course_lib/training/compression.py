@@ -26,11 +26,12 @@ from ..collectives import chunk_bounds, ring_all_gather, ring_all_reduce
 from ..measure.emulated_link import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
+from .data import worker_batch
 from .gossip import digits, evaluate, mean_atol
-from .loop import sgd_, simulate_workers, worker_steps
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
+from .worker_loop import forward_backward, sgd_, simulate_workers, worker_steps
 
 MIN_COMPRESSION_RATE = 2     # torch's PowerSGDState default
 
@@ -127,7 +128,7 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
     """
     if method not in ("powersgd", "topk"):
         raise ValueError(f"method must be 'powersgd' or 'topk', got {method!r}")
-    p = dist.get_world_size()
+    rank, p = dist.get_rank(), dist.get_world_size()
     model = make_mlp(hidden, seed, dtype).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
     params = list(model.parameters())
@@ -150,10 +151,11 @@ def compressed_train(method: str = "powersgd", steps: int = 20, batch_size: int 
         update = torch.zeros_like(memory).index_add_(0, all_idx.long(), all_vals) / p
         set_flat_params(model, flat_params(model) - update)
 
-    meter = Meter()
+    (x, y), meter = digits(), Meter()
     with emulate(link), metered(meter):
-        losses, step_s = worker_steps(model, steps, batch_size, seed, topk_step if state is None else powersgd_step,
-                                      meter, digits())
+        losses, step_s = worker_steps(steps, lambda step: worker_batch(x, y, rank, p, batch_size, step, seed),
+                                      lambda xb, yb: forward_backward(model, xb, yb),
+                                      topk_step if state is None else powersgd_step, meter)
     final_loss, acc = evaluate(model)
     return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
             "compute_s": slow.compute_s, "final_loss": final_loss, "accuracy": acc, "k": k,

@@ -29,11 +29,11 @@ from ..collectives.p2p import post_together
 from ..measure.emulated_link import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
-from .data import load_digits
-from .loop import simulate_workers, worker_steps
+from .data import load_digits, worker_batch
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
+from .worker_loop import forward_backward, simulate_workers, worker_steps
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one-peer exponential", "complete")
 
@@ -208,6 +208,7 @@ def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, l
     leave it off when timing), the final loss and accuracy on all digits, and compute seconds per step.
     `straggler`: (rank, factor[, compute_s]) for straggler.Straggler: that rank computes factor times as long.
     """
+    rank, p = dist.get_rank(), dist.get_world_size()
     model = make_mlp(hidden, seed).to(device())
     slow = Straggler(model, *(straggler or (-1, 1.0)))
 
@@ -221,9 +222,10 @@ def dpsgd_train(topology: str = "ring", steps: int = 20, batch_size: int = 32, l
     def measure(step: int, seconds: float):     # after the step is timed: a measurement, not part of training
         consensus.append(consensus_distance(flat_params(model)))
 
-    meter = Meter()
+    (x, y), meter = digits(), Meter()
     with emulate(link), metered(meter):
-        losses, step_s = worker_steps(model, steps, batch_size, seed, sgd_then_gossip, meter, digits(),
+        losses, step_s = worker_steps(steps, lambda step: worker_batch(x, y, rank, p, batch_size, step, seed),
+                                      lambda xb, yb: forward_backward(model, xb, yb), sgd_then_gossip, meter,
                                       after_step=measure if measure_consensus else None)
     final_loss, acc = evaluate(model)
     flat = flat_params(model)

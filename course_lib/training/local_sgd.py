@@ -23,11 +23,12 @@ from ..measure.emulated_link import emulate
 from ..measure.traffic import Meter, metered
 from . import tolerance
 from .adam import adam_step
+from .data import worker_batch
 from .gossip import digits, evaluate, mean_atol
-from .loop import sgd_, simulate_workers, worker_steps
 from .model import flat_params, make_mlp, set_flat_params
 from .straggler import Straggler
 from .threads import single_threaded
+from .worker_loop import forward_backward, sgd_, simulate_workers, worker_steps
 
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9        # DiLoCo's outer Nesterov SGD
 INNER_LR, WEIGHT_DECAY = 1e-3, 0.01        # AdamW for the inner steps (torch.optim.AdamW's default decay)
@@ -114,7 +115,10 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
                 diloco_outer_step(flat, anchor, buf, reduce)
             set_flat_params(model, flat)
 
-    meter, evals, trained = Meter(), [], 0.0
+    (x, y), meter, evals, trained = digits(), Meter(), [], 0.0
+
+    def my_batch(step: int):          # by_label: this rank's shard holds a few classes only
+        return worker_batch(x, y, rank, p, batch_size, step, seed, by_label)
 
     def evaluate_at_sync(step: int, seconds: float):   # after the step is timed: evaluation time is left out
         nonlocal trained
@@ -123,8 +127,8 @@ def local_sgd_train(H: int = 4, steps: int = 16, batch_size: int = 32, lr: float
             evals.append((step + 1, meter.sent, trained, *evaluate(model)))   # all ranks hold this model
 
     with emulate(link), metered(meter):
-        losses, step_s = worker_steps(model, steps, batch_size, seed, inner_step_then_sync, meter, digits(),
-                                      by_label=by_label, after_step=evaluate_at_sync)
+        losses, step_s = worker_steps(steps, my_batch, lambda xb, yb: forward_backward(model, xb, yb),
+                                      inner_step_then_sync, meter, after_step=evaluate_at_sync)
     final_loss, acc = evaluate(model)
     return {"params": flat_params(model).cpu(), "losses": losses, "step_s": step_s, "traffic": meter.steps,
             "compute_s": slow.compute_s, "evals": evals, "final_loss": final_loss, "accuracy": acc,

@@ -22,9 +22,9 @@ from ..measure import emulated_link
 from ..measure.emulated_link import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
-from .data import load_digits
-from .loop import worker_steps
+from .data import load_digits, worker_batch
 from .model import flat_grads, flat_params, make_mlp, set_flat_params
+from .worker_loop import forward_backward, worker_steps
 
 
 def _wait(reqs) -> None:
@@ -103,7 +103,7 @@ def _push_pull_pieces(g, flat, bounds, servers, pieces):
 
 def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n, data=None, compute_s=None,
             pieces=1):
-    data = load_digits() if data is None else data
+    x, y = load_digits() if data is None else data
     dev = next(model.parameters()).device
     flat = flat_params(model)
     extra = 1 if mode == "async" else 0
@@ -123,8 +123,8 @@ def _worker(model, bounds, servers, steps, batch_size, seed, mode, meter, wid, n
         _pull(flat, bounds, servers, bufs, versions)
         set_flat_params(model, flat)
     meter.skip()   # the first pull is not part of any step
-    losses, step_s = worker_steps(model, steps, batch_size, seed, push_pull, meter, data, worker=wid, workers=n,
-                                  compute_s=cost)
+    losses, step_s = worker_steps(steps, lambda step: worker_batch(x, y, wid, n, batch_size, step, seed),
+                                  lambda xb, yb: forward_backward(model, xb, yb, cost), push_pull, meter)
     return {"losses": losses, "step_s": step_s}
 
 
@@ -151,6 +151,7 @@ def _colocated(model, bounds, steps, batch_size, lr, seed, meter, data, compute_
     lo, hi = bounds[me]
     peers = [j for j in range(n) if j != me]
     cost = compute_s[me] if isinstance(compute_s, (list, tuple)) else compute_s
+    x, y = data
 
     def serve_my_shard(step: int):
         g = flat_grads(model)
@@ -164,7 +165,8 @@ def _colocated(model, bounds, steps, batch_size, lr, seed, meter, data, compute_
             _exchange({j: flat[lo:hi] for j in peers}, {j: flat[a:b] for j, (a, b) in enumerate(bounds) if j != me})
         set_flat_params(model, flat)
 
-    losses, _ = worker_steps(model, steps, batch_size, seed, serve_my_shard, meter, data, compute_s=cost)
+    losses, _ = worker_steps(steps, lambda step: worker_batch(x, y, me, n, batch_size, step, seed),
+                             lambda xb, yb: forward_backward(model, xb, yb, cost), serve_my_shard, meter)
     return {"losses": losses}
 
 

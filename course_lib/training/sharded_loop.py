@@ -2,6 +2,8 @@
 
 Each step: this rank's batch, forward, backward, the bytes the rank holds measured after the last backward, then the
 scheme's own update; each step inside a CommLog, so the collectives of forward, backward and update are counted.
+Not worker_loop.worker_steps: that loop has no place for a log around the whole step or for the memory measured
+between backward and update.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from .data import load_digits, worker_batch
 
 
 class NoLog:
-    """Stands in for CommLog when traffic is not wanted: a TorchDispatchMode's first use in a process imports
-    torch._dynamo (about 3 s of CPU per rank on a small machine)."""
+    """Stands in for CommLog when traffic is not wanted: a dispatch mode runs Python for every tensor operation of
+    the step, which a run that only wants losses and memory need not pay."""
 
     def __enter__(self):
         return self
