@@ -209,7 +209,26 @@ def test_0_3_passes_a_correct_owner_however_written(solution, capsys):
     assert "Exercise 0.3 passed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("shortcut,off", [(owner_by_gather, "all_gather"), (owner_by_broadcasts, "broadcast")])
+def owner_by_gather_on_a_thread(x):  # (a) the forbidden gather on another thread, where a dispatch mode sees nothing
+    import threading
+
+    everyone = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    th = threading.Thread(target=lambda: dist.group.WORLD.allgather([everyone], [x]).wait())
+    th.start()
+    th.join()
+    return torch.stack(everyone).argmax(dim=0)
+
+
+def owner_by_gather_in_a_callback(x):  # (a) the same in a future's callback, which runs on gloo's thread
+    everyone = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    work = dist.all_reduce(torch.zeros(1, device=x.device), async_op=True)
+    work.get_future().then(lambda _: dist.group.WORLD.allgather([everyone], [x]).wait()).wait()
+    return torch.stack(everyone).argmax(dim=0)
+
+
+@pytest.mark.parametrize("shortcut,off", [(owner_by_gather, "all_gather"), (owner_by_broadcasts, "broadcast"),
+                                          (owner_by_gather_on_a_thread, "starting threads"),
+                                          (owner_by_gather_in_a_callback, "callbacks on a collective's future")])
 def test_0_3_switches_off_every_collective_but_all_reduce(shortcut, off):
     with pytest.raises(ExerciseFailed, match=f"Exercise 0.3 is about finding an owner with all_reduce alone; .*{off}"):
         check_rank_of_max(shortcut, worlds=(2,))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import sysconfig
 from contextlib import contextmanager
 
 from ..measure.c10d_ops import COLLECTIVES, OP_TO_COLLECTIVE, expand, op_key
@@ -151,6 +152,48 @@ def library_stubs(paths, exercise: str, why: str = "", launchers: bool = False):
     return out
 
 
+def _learners_call(depth: int = 2) -> bool:
+    """Whether the call being made comes from the learner's code: the first frame outside Python's standard library
+    (a thread pool or a Timer reaches Thread.start through it) is neither the course's nor an installed package's
+    (torch, ipykernel and their threads run as before)."""
+    paths = sysconfig.get_paths()
+    installed = (paths["purelib"], paths["platlib"], os.path.dirname(os.path.dirname(__file__)))
+    frame = sys._getframe(depth)
+    while frame is not None and frame.f_code.co_filename.startswith(paths["stdlib"]):
+        frame = frame.f_back
+    return frame is not None and not frame.f_code.co_filename.startswith(installed)
+
+
+def _off_thread_roads(exercise: str, why: str) -> list:
+    """Threads and future callbacks the learner's code starts, off: a dispatch mode sees only its own thread, so a
+    collective run on another one (a Thread, a thread pool, a Work's future.then on gloo's thread) would escape both
+    the switch-off and the checker's record. Threads and callbacks that torch, the course or another installed
+    package starts run as before."""
+    import _thread
+    import threading
+
+    import torch.futures
+
+    def guard(real, what):
+        def guarded(*args, **kwargs):
+            if _learners_call():
+                message = _say(exercise, why, f"{what} (a collective on another thread escapes the check)")
+                _attempts.append(message)
+                raise SwitchedOff(message)
+            return real(*args, **kwargs)
+        return guarded
+
+    roads = [(threading.Thread, "start", "starting threads (threading.Thread.start)"),
+             (_thread, "start_new_thread", "starting threads (_thread.start_new_thread)"),
+             *((cls, attr, f"callbacks on a collective's future (Future.{attr})")     # Work.get_future(): torch._C's
+               for cls in (torch._C.Future, torch.futures.Future) for attr in ("then", "add_done_callback"))]
+    saved = [(owner, attr, owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr))
+             for owner, attr, _ in roads]
+    for (owner, attr, what), (_, _, real) in zip(roads, saved):
+        setattr(owner, attr, guard(real, what))
+    return saved
+
+
 @contextmanager
 def switched_off(exercise: str, forbid=(), why: str = "", library=(), launching: bool = True):
     """Within the block, the collectives named in ``forbid`` ('all', 'all_reduce', 'send_recv', ...; see
@@ -177,6 +220,7 @@ def switched_off(exercise: str, forbid=(), why: str = "", library=(), launching:
         if hasattr(os, attr):
             saved.append((os, attr, getattr(os, attr)))
             setattr(os, attr, _python_stub(_say(exercise, why, f"starting processes (os.{attr})")))
+    saved += _off_thread_roads(exercise, why)
     before = len(_attempts)
     mode = _stop_ops(exercise, why, forbidden) if forbidden else None
     try:
