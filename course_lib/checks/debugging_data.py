@@ -113,9 +113,7 @@ def _ddp_case(exercise, train_step, steps, lr):
         xb, yb = _dev(*_secret_batch(rank, step))
         seen.clear()
         _, record = watched_call(exercise, train_step, (model, opt, xb, yb),
-                                 library=("course_lib.training.allreduce.dp_train",
-                                          "course_lib.training.worker_loop.worker_steps",
-                                          "course_lib.training.worker_loop.forward_backward"))
+                                 library=("course_lib.training.allreduce.dp_train",))
         weights.append(flat_params(model.module).cpu())
         grads.append(seen[-1] if seen else _flat_grads(model.module))    # no opt.step(): the .grad it leaves
         # the step's collectives, DDP's bucket all-reduces included (they reach the dispatcher too), less broadcasts:
@@ -248,9 +246,7 @@ def _sync_case(exercise, sync_gradients):
     local = [None if p.grad is None else p.grad.detach().cpu().clone() for p in model.parameters()]
     _, record = watched_call(exercise, sync_gradients, (model,),
                              why="gradient synchronisation that every rank agrees on",
-                             library=("course_lib.training.allreduce.dp_train",
-                                      "course_lib.training.worker_loop.worker_steps",
-                                      "course_lib.training.worker_loop.forward_backward"))
+                             library=("course_lib.training.allreduce.dp_train",))
     after = [None if p.grad is None else p.grad.detach().cpu().clone() for p in model.parameters()]
     return local, after, record
 

@@ -36,16 +36,14 @@ from .switch_off import SwitchedOff, _classes, _dispatch_mode_base
 
 STEPS, BATCH, HIDDEN, LR = 3, 16, 32, 0.1
 _PS = "course_lib.training.ps."
-# the worker's loop that ps._worker and ps._colocated run in, and the forward and backward they hand it
-_LOOP = ("course_lib.training.worker_loop.worker_steps", "course_lib.training.worker_loop.forward_backward")
 # A colocated PS moves per NIC what a ring all-reduce moves: every formula of either, and the PS itself, is off.
 BYTES_SHORTCUTS = tuple(dict.fromkeys((
     *RING_SHORTCUTS, "course_lib.costs.alpha_beta.ps_vs_allreduce", "course_lib.costs.alpha_beta.byteps_optimal",
     "course_lib.costs.projection.ps_step", "course_lib.costs.projection.ring_step",
-    "course_lib.costs.projection.project", *(_PS + f for f in ("ps_train", "_colocated", "_sync_server")), *_LOOP)))
+    "course_lib.costs.projection.project", *(_PS + f for f in ("ps_train", "_colocated", "_sync_server")))))
 # Every function of the PS that pushes or pulls a shard: each one holds 8.2's answer.
-PUSH_PULL_SHORTCUTS = (*(_PS + f for f in ("_push_pull", "_push_pull_pieces", "_pull", "_exchange", "_worker",
-                                           "ps_train", "_colocated")), *_LOOP)
+PUSH_PULL_SHORTCUTS = tuple(_PS + f for f in ("_push_pull", "_push_pull_pieces", "_pull", "_exchange", "_worker",
+                                              "ps_train", "_colocated"))
 
 
 # ---------------------------------------------------------------- 8.1 the busiest NIC of a colocated PS

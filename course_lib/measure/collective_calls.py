@@ -33,7 +33,8 @@ class Call:
 
 @contextmanager
 def counted(names=NAMES):
-    """`with counted() as calls:` appends a Call to `calls` for each torch.distributed collective in `names`."""
+    """`with counted() as calls:` appends a Call to `calls` for each call of a torch.distributed collective in
+    `names` that completed (one that raised, or returned without reaching c10d, moved nothing)."""
     calls: list[Call] = []
     saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
 

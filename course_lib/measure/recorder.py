@@ -32,7 +32,7 @@ class Event:
     ranks: list[int] | None = None  # the group's members, global ranks
     size: int | None = None        # S in bytes as nccl-tests counts it; None: not a size-S collective
     nbytes: int = 0                # a message's payload; a collective's largest tensor argument (a list: all of it)
-    numel: int = 0                 # a collective's largest tensor argument, in elements
+    numel: int = 0                 # the largest tensor argument (a message: its payload), in elements
     reduce_op: str | None = None   # "SUM", "MAX", ... for a collective that reduces
     peer: int | None = None        # a message's other end, a global rank (-1: any source)
     to: list[int] | None = None    # an all_to_all_single's bytes to each rank of the group (index = group rank)

@@ -21,13 +21,12 @@ from torch import nn
 
 from .. import device
 from ..collectives import ring_all_reduce
-from ..measure import emulated_link
 from ..measure.emulated_link import emulate
 from ..measure.timeline import Timeline, region
 from ..measure.traffic import Meter, metered
 from .data import load_digits, worker_batch
 from .model import flat_params, make_mlp
-from .worker_loop import sgd_, worker_steps
+from .worker_loop import loss_backward, sgd_, worker_steps
 
 
 def _all_reduce(collective: str):
@@ -151,13 +150,8 @@ def dp_train(steps: int = 10, batch_size: int = 32, lr: float = 0.1, hidden: int
             last = j == accum - 1
             if reducer:
                 reducer.arm(last)
-            no_sync = model.no_sync() if method == "ddp" and not last else contextlib.nullcontext()
-            with no_sync, region("compute", "forward+backward"):
-                part = nn.functional.cross_entropy(model(xm.to(dev)), ym.to(dev)) / accum
-                part.backward()
-                if compute_s is not None and last:
-                    emulated_link.compute(compute_s)
-            loss += part.item()
+            with model.no_sync() if method == "ddp" and not last else contextlib.nullcontext():
+                loss += loss_backward(model, xm, ym, compute_s if last else None, scale=accum)
         return loss
 
     def average_and_step(step: int):

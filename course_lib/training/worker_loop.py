@@ -5,11 +5,11 @@ only what is its own: which batch a worker takes, how it computes its gradient, 
 (what it sends, how it updates the weights). Its callers: allreduce.dp_train, ps._worker and ps._colocated,
 gossip.dpsgd_train, local_sgd.local_sgd_train, compression.compressed_train. `simulate_workers` is the loop of their
 single-process references (gossip.simulate, local_sgd.simulate, compression.simulate_powersgd): one process playing
-every worker. Two loops stay apart. overlap.overlap_train (notebook 09) has no meter to step and no loss to return:
-its buckets cross as gloo all-reduces on an emulated NIC's thread, which the byte meter (point-to-point messages
-only) never sees, and its gradient hooks stamp each bucket with the step it fills in. sharded_loop.train_steps
-(notebook 12) opens a CommLog around each whole step, update included, and measures memory between the last backward
-and the update: this loop has a place for neither.
+every worker. Two loops stay apart. overlap.overlap_train (notebook 09) draws forward, backward, the wait for the
+buckets in flight and the SGD step as four regions timed against its emulated NIC thread's clock, so its loop stays
+written out in that order rather than hidden in callables. sharded_loop.train_steps (notebook 12) records one CommLog
+around each whole step (FSDP's all-gathers in forward, the reduce-scatters in backward, the update), which this loop
+has no place for.
 """
 
 from __future__ import annotations
@@ -31,27 +31,34 @@ def sgd_(params, lr: float, grads=None) -> None:
             q -= lr * g
 
 
-def forward_backward(model, xb, yb, compute_s: float | None = None) -> float:
-    """A worker's gradient on its whole batch (notebook 08): zeroed, then forward and backward in the timeline's
-    "compute" lane, plus `compute_s` seconds of emulated compute when given; returns the loss."""
+def loss_backward(model, xb, yb, compute_s: float | None = None, scale: int = 1) -> float:
+    """Forward and backward of one batch in the timeline's "compute" lane, the loss divided by `scale` (a
+    micro-batch's share of its batch), plus `compute_s` seconds of emulated compute when given; the gradients add to
+    what .grad holds (notebook 09's accumulation). Returns the loss."""
     q = next(model.parameters())
-    model.zero_grad()
     with region("compute", "forward+backward"):
-        loss = nn.functional.cross_entropy(model(xb.to(q.device, q.dtype)), yb.to(q.device))
+        loss = nn.functional.cross_entropy(model(xb.to(q.device, q.dtype)), yb.to(q.device)) / scale
         loss.backward()
         if compute_s is not None:
             emulated_link.compute(compute_s)
     return loss.item()
 
 
-def worker_steps(steps: int, batch, forward_backward, update, meter, after_step=None) -> tuple[list, list]:
-    """Train `steps` steps: `batch(step)` (this worker's x, y), `forward_backward(xb, yb)` (its loss), `update(step)`
-    (the algorithm), the meter's step. Returns (losses, seconds per step: the emulated link's virtual clock inside
-    emulate(link), else time.perf_counter). `after_step(step, seconds)`: a measurement, left out of the seconds."""
+def forward_backward(model, xb, yb, compute_s: float | None = None) -> float:
+    """A worker's gradient on its whole batch (notebook 08): zeroed, then loss_backward; returns the loss."""
+    model.zero_grad()
+    return loss_backward(model, xb, yb, compute_s)
+
+
+def worker_steps(steps: int, batch, grad_step, update, meter, after_step=None) -> tuple[list, list]:
+    """Train `steps` steps: `batch(step)` (this worker's x, y), `grad_step(xb, yb)` (its gradient; returns the loss),
+    `update(step)` (the algorithm), the meter's step. Returns (losses, seconds per step: the emulated link's virtual
+    clock inside emulate(link), else time.perf_counter). `after_step(step, seconds)`: a measurement, left out of the
+    seconds."""
     losses, step_s = [], []
     for step in range(steps):
         t = emulated_link.now()
-        losses.append(forward_backward(*batch(step)))
+        losses.append(grad_step(*batch(step)))
         update(step)
         meter.step()
         step_s.append(emulated_link.now() - t)
