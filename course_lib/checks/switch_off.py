@@ -11,6 +11,7 @@ A learner who catches the error and carries on still fails: every attempt is rem
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -156,12 +157,18 @@ def _learners_call(depth: int = 2) -> bool:
     """Whether the call being made comes from the learner's code: the first frame outside Python's standard library
     (a thread pool or a Timer reaches Thread.start through it) is neither the course's nor an installed package's
     (torch, ipykernel and their threads run as before)."""
-    paths = sysconfig.get_paths()
-    installed = (paths["purelib"], paths["platlib"], os.path.dirname(os.path.dirname(__file__)))
+    stdlib, installed = _places()
     frame = sys._getframe(depth)
-    while frame is not None and frame.f_code.co_filename.startswith(paths["stdlib"]):
+    while frame is not None and frame.f_code.co_filename.startswith(stdlib):
         frame = frame.f_back
     return frame is not None and not frame.f_code.co_filename.startswith(installed)
+
+
+@functools.cache
+def _places() -> tuple[str, tuple[str, ...]]:
+    """Python's standard library, and where installed packages and the course live (computed once: 80 us a call)."""
+    paths = sysconfig.get_paths()
+    return paths["stdlib"], (paths["purelib"], paths["platlib"], os.path.dirname(os.path.dirname(__file__)))
 
 
 def _off_thread_roads(exercise: str, why: str) -> list:
